@@ -1,0 +1,5 @@
+import sys
+
+from otel_gpu.cli import main
+
+sys.exit(main())

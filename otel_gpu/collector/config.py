@@ -1,0 +1,279 @@
+"""Collector configuration in the OpenTelemetry Collector's shape, validated before anything starts.
+
+Example:
+    >>> cfg = load_text('''
+    ... receivers: {otlp: {}}
+    ... exporters: {debug: {}}
+    ... service: {pipelines: {traces: {receivers: [otlp], exporters: [debug]}}}
+    ... ''')
+    >>> [p.name for p in cfg.pipelines]
+    ['traces']
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from otel_gpu.collector.registry import known_types, load_factory
+from otel_gpu.component import ComponentFactory
+from otel_gpu.config import ConfigError, build, did_you_mean
+from otel_gpu.pdata import Signal
+
+__all__ = ["CollectorConfig", "ComponentSpec", "PipelineSpec", "load_file", "load_text", "load_default",
+           "DEFAULT_CONFIG_TEXT"]
+
+_KINDS = {"receivers": "receiver", "processors": "processor", "exporters": "exporter"}
+_TOP_KEYS = ("receivers", "processors", "exporters", "extensions", "connectors", "service")
+_ID = re.compile(r"^[a-zA-Z][a-zA-Z0-9_]*(/[^/\s]+)?$")
+_ENV = re.compile(r"\$\{(?:env:)?([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+@dataclass
+class ComponentSpec:
+    id: str  # "type" or "type/name"
+    kind: str
+    factory: ComponentFactory
+    config: Any
+
+    @property
+    def type(self) -> str:
+        return self.id.partition("/")[0]
+
+
+@dataclass
+class PipelineSpec:
+    name: str  # "traces" or "traces/gpu"
+    signal: Signal
+    receivers: list[str]
+    processors: list[str]
+    exporters: list[str]
+
+
+@dataclass
+class TelemetryConfig:
+    log_level: str = "info"
+    metrics_address: str = ""  # optional extra endpoint serving only self-telemetry
+
+    def validate(self) -> None:
+        if self.log_level.lower() not in ("debug", "info", "warning", "error"):
+            raise ValueError(f"log_level must be debug, info, warning or error (got {self.log_level!r})")
+
+
+@dataclass
+class CollectorConfig:
+    components: dict[str, ComponentSpec] = field(default_factory=dict)  # key: "<kind>:<id>"
+    pipelines: list[PipelineSpec] = field(default_factory=list)
+    telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
+    source: str = "<default>"
+
+    def component(self, kind: str, cid: str) -> ComponentSpec:
+        return self.components[f"{kind}:{cid}"]
+
+
+def _expand_env(node: Any) -> Any:
+    """``${env:NAME}`` / ``${NAME}`` / ``${NAME:-default}`` in string values, as the OpenTelemetry Collector does."""
+    if isinstance(node, str):
+        def sub(m: re.Match) -> str:
+            value = os.environ.get(m.group(1))
+            if value is None:
+                if m.group(2) is None:
+                    raise ConfigError(f"environment variable {m.group(1)} is not set (used as {m.group(0)}); "
+                                      f"set it or write ${{{m.group(1)}:-default}}")
+                return m.group(2)
+            return value
+        expanded = _ENV.sub(sub, node)
+        if expanded != node and _ENV.fullmatch(node):
+            # A whole-value reference may stand for a number or boolean: let YAML type it.
+            try:
+                return yaml.safe_load(expanded)
+            except yaml.YAMLError:
+                return expanded
+        return expanded
+    if isinstance(node, dict):
+        return {k: _expand_env(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_expand_env(v) for v in node]
+    return node
+
+
+def _parse_components(section: str, data: Any, problems: list[str], out: dict[str, ComponentSpec]) -> None:
+    kind = _KINDS[section]
+    if data is None:
+        return
+    if not isinstance(data, dict):
+        problems.append(f"{section}: expected a mapping of component ids to settings, got {type(data).__name__}")
+        return
+    for cid, settings in data.items():
+        cid = str(cid)
+        path = f"{section}.{cid}"
+        if not _ID.match(cid):
+            problems.append(f"{path}: invalid component id; use 'type' or 'type/name' (e.g. otlp/fast)")
+            continue
+        type_name = cid.partition("/")[0]
+        try:
+            factory = load_factory(kind, type_name)
+        except ImportError as exc:
+            problems.append(f"{path}: the {kind} type {type_name!r} could not be loaded ({exc}); is otel-gpu "
+                            f"installed with all its dependencies?")
+            continue
+        if factory is None:
+            known = known_types(kind)
+            problems.append(f"{path}: unknown {kind} type {type_name!r} ({did_you_mean(type_name, known)}"
+                            f"known: {', '.join(known)})")
+            continue
+        try:
+            config = build(factory.config_class, settings, path)
+        except ConfigError as exc:
+            problems.extend(exc.problems)
+            continue
+        out[f"{kind}:{cid}"] = ComponentSpec(cid, kind, factory, config)
+
+
+def _parse_pipelines(data: Any, components: dict[str, ComponentSpec], declared: dict[str, set[str]],
+                     problems: list[str]) -> list[PipelineSpec]:
+    pipelines: list[PipelineSpec] = []
+    if not isinstance(data, dict) or not data:
+        problems.append("service.pipelines: at least one pipeline is required, e.g. "
+                        "{traces: {receivers: [otlp], exporters: [store]}}")
+        return pipelines
+    for name, spec in data.items():
+        name = str(name)
+        path = f"service.pipelines.{name}"
+        signal_name = name.partition("/")[0]
+        try:
+            signal = Signal(signal_name)
+        except ValueError:
+            problems.append(f"{path}: unknown signal {signal_name!r}; a pipeline is named traces, metrics or logs "
+                            f"(optionally traces/NAME)")
+            continue
+        if not isinstance(spec, dict):
+            problems.append(f"{path}: expected a mapping with receivers, processors and exporters")
+            continue
+        for key in spec:
+            if key not in ("receivers", "processors", "exporters"):
+                problems.append(f"{path}.{key}: unknown setting ({did_you_mean(str(key), _KINDS)}known: receivers, "
+                                f"processors, exporters)")
+        lists: dict[str, list[str]] = {}
+        for section, kind in _KINDS.items():
+            ids = spec.get(section) or []
+            if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+                problems.append(f"{path}.{section}: expected a list of component ids, got {ids!r}")
+                ids = []
+            for cid in ids:
+                if cid not in declared[section]:
+                    problems.append(f"{path}.{section}: {cid!r} is not defined under {section}: "
+                                    f"({did_you_mean(cid, declared[section])}defined: "
+                                    f"{', '.join(sorted(declared[section])) or 'none'})")
+                    continue
+                comp = components.get(f"{kind}:{cid}")
+                if comp is not None and signal not in tuple(comp.factory.signals):
+                    problems.append(f"{path}.{section}: {cid!r} does not support {signal.value} (it supports "
+                                    f"{', '.join(s.value for s in comp.factory.signals)})")
+            if len(set(ids)) != len(ids):
+                problems.append(f"{path}.{section}: a component is listed twice")
+            lists[section] = list(ids)
+        if not lists["receivers"]:
+            problems.append(f"{path}.receivers: a pipeline needs at least one receiver")
+        if not lists["exporters"]:
+            problems.append(f"{path}.exporters: a pipeline needs at least one exporter")
+        pipelines.append(PipelineSpec(name, signal, lists["receivers"], lists["processors"], lists["exporters"]))
+    return pipelines
+
+
+def parse(data: Any, source: str = "<config>") -> CollectorConfig:
+    """Validates a loaded YAML document. Raises ConfigError listing every problem found."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: the top level must be a mapping with receivers, processors, exporters and "
+                          f"service (got {type(data).__name__})")
+    problems: list[str] = []
+    for key in data:
+        if key not in _TOP_KEYS:
+            problems.append(f"{key}: unknown top-level section ({did_you_mean(str(key), _TOP_KEYS)}known: "
+                            f"{', '.join(_TOP_KEYS)})")
+    for key in ("extensions", "connectors"):
+        if data.get(key):
+            problems.append(f"{key}: not supported by otel-gpu (the health check is served on the Prometheus "
+                            f"exporter's /health); remove this section")
+    try:
+        data = _expand_env(data)
+    except ConfigError as exc:
+        raise ConfigError([f"{source}: {p}" for p in exc.problems]) from None
+    components: dict[str, ComponentSpec] = {}
+    declared: dict[str, set[str]] = {}
+    for section in _KINDS:
+        _parse_components(section, data.get(section), problems, components)
+        raw = data.get(section)
+        declared[section] = {str(k) for k in raw} if isinstance(raw, dict) else set()
+    service = data.get("service")
+    telemetry = TelemetryConfig()
+    pipelines: list[PipelineSpec] = []
+    if not isinstance(service, dict):
+        problems.append("service: missing; add service: {pipelines: {traces: {receivers: [...], exporters: [...]}}}")
+    else:
+        for key in service:
+            if key not in ("pipelines", "telemetry"):
+                problems.append(f"service.{key}: unknown setting (known: pipelines, telemetry)")
+        pipelines = _parse_pipelines(service.get("pipelines"), components, declared, problems)
+        tel = service.get("telemetry") or {}
+        if not isinstance(tel, dict):
+            problems.append("service.telemetry: expected a mapping")
+        else:
+            flat = {}
+            logs, metrics = tel.get("logs") or {}, tel.get("metrics") or {}
+            for key in tel:
+                if key not in ("logs", "metrics"):
+                    problems.append(f"service.telemetry.{key}: unknown setting (known: logs, metrics)")
+            if isinstance(logs, dict) and "level" in logs:
+                flat["log_level"] = logs["level"]
+            if isinstance(metrics, dict) and "address" in metrics:
+                flat["metrics_address"] = metrics["address"]
+            try:
+                telemetry = build(TelemetryConfig, flat, "service.telemetry")
+            except ConfigError as exc:
+                problems.extend(exc.problems)
+    used = {(kind, cid) for p in pipelines for section, kind in _KINDS.items() for cid in getattr(p, section)}
+    for key, comp in components.items():
+        if (comp.kind, comp.id) not in used:
+            # The OpenTelemetry Collector ignores unused components silently; we say so, since it is usually a typo.
+            import logging
+
+            logging.getLogger(__name__).warning("%ss.%s is defined but used by no pipeline", comp.kind, comp.id)
+    if problems:
+        raise ConfigError([f"{source}: {p}" for p in problems])
+    return CollectorConfig(components, pipelines, telemetry, source)
+
+
+def load_text(text: str, source: str = "<config>") -> CollectorConfig:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"{source}: not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+    return parse(data, source)
+
+
+def load_file(path: str | os.PathLike) -> CollectorConfig:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"--config {p}: cannot read the file ({exc.strerror})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"--config {p}: not UTF-8 text") from None
+    return load_text(text, str(p))
+
+
+DEFAULT_CONFIG_TEXT = resources.files("otel_gpu.collector").joinpath("default.yaml").read_text(encoding="utf-8")
+
+
+def load_default() -> CollectorConfig:
+    return load_text(DEFAULT_CONFIG_TEXT, "<built-in default config>")

@@ -1,0 +1,60 @@
+"""The collector's self-telemetry, as prometheus-client counters named from the schema."""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from otel_gpu.pdata import Signal
+from otel_gpu.schema import collector as names
+from otel_gpu.schema._prom import sanitize
+from otel_gpu.schema.identity import COMPONENT, SIGNAL
+
+__all__ = ["PrometheusSelfTelemetry"]
+
+_LABELS = (sanitize(str(COMPONENT)), sanitize(str(SIGNAL)))
+
+
+def _counter(metric, registry):
+    # prometheus-client appends _total itself.
+    return Counter(metric.prometheus_name.removesuffix("_total"), metric.description, _LABELS, registry=registry)
+
+
+class PrometheusSelfTelemetry:
+    """Implements :class:`otel_gpu.component.SelfTelemetry`; served by the Prometheus exporter."""
+
+    def __init__(self, registry: CollectorRegistry | None = None):
+        self.registry = registry or CollectorRegistry(auto_describe=True)
+        self._received = _counter(names.RECEIVED, self.registry)
+        self._refused = _counter(names.REFUSED, self.registry)
+        self._exported = _counter(names.EXPORTED, self.registry)
+        self._dropped = _counter(names.DROPPED, self.registry)
+        self._queue = Gauge(names.QUEUE_SIZE.prometheus_name, names.QUEUE_SIZE.description, _LABELS[:1],
+                            registry=self.registry)
+        self._capacity = Gauge(names.QUEUE_CAPACITY.prometheus_name, names.QUEUE_CAPACITY.description, _LABELS[:1],
+                               registry=self.registry)
+
+    def received(self, component: str, signal: Signal, n: int) -> None:
+        self._received.labels(component, signal.value).inc(n)
+
+    def refused(self, component: str, signal: Signal, n: int) -> None:
+        self._refused.labels(component, signal.value).inc(n)
+
+    def exported(self, component: str, signal: Signal, n: int) -> None:
+        self._exported.labels(component, signal.value).inc(n)
+
+    def dropped(self, component: str, signal: Signal, n: int) -> None:
+        self._dropped.labels(component, signal.value).inc(n)
+
+    def queue(self, component: str, size: int, capacity: int) -> None:
+        self._queue.labels(component).set(size)
+        self._capacity.labels(component).set(capacity)
+
+    def value(self, metric: str, component: str, signal: Signal | str | None = None) -> float:
+        """Current value of one series (``metric`` is the schema name), for tests and the report."""
+        known = (names.RECEIVED, names.REFUSED, names.EXPORTED, names.DROPPED, names.QUEUE_SIZE)
+        for obj in known:
+            if obj.name == metric:
+                labels = {_LABELS[0]: component}
+                if signal is not None:
+                    labels[_LABELS[1]] = getattr(signal, "value", signal)
+                return self.registry.get_sample_value(obj.prometheus_name, labels) or 0.0
+        raise KeyError(f"{metric}: not a self-telemetry metric (known: {', '.join(o.name for o in known)})")

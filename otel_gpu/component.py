@@ -1,0 +1,148 @@
+"""The small interfaces that collector components implement, and the host they are given.
+
+A receiver starts, produces batches into its consumer, and shuts down. A processor takes a batch and returns one
+(or ``None`` to drop it), and may emit batches of its own through its host. An exporter exports and returns an
+:class:`ExportResult`; it must never block the caller for long: slow work belongs on its own thread.
+
+Components meet only through these interfaces and :class:`otel_gpu.pdata.Batch`; none imports another.
+
+Example (a receiver that produces one empty log batch when started)::
+
+    from dataclasses import dataclass
+    from otel_gpu.component import ComponentFactory, Receiver
+    from otel_gpu.pdata import Batch, Signal
+
+    @dataclass
+    class HelloConfig:
+        def validate(self) -> None: ...
+
+    class HelloReceiver(Receiver):
+        def start(self) -> None:
+            self.host.consumer(Signal.LOGS).consume(Batch.from_message(Signal.LOGS, Signal.LOGS.request_type()()))
+
+    FACTORY = ComponentFactory("hello", "receiver", HelloConfig, HelloReceiver, signals=(Signal.LOGS,))
+"""
+from __future__ import annotations
+
+import abc
+import enum
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from otel_gpu.pdata import Batch, Signal
+
+__all__ = ["ComponentFactory", "ComponentHost", "Consumer", "ExportResult", "Exporter", "Processor", "Receiver",
+           "SelfTelemetry", "NullConsumer", "LogOnce"]
+
+
+class ExportResult(enum.Enum):
+    SUCCESS = "success"
+    FAILURE = "failure"  # the batch was dropped (counted by the exporter)
+    QUEUED = "queued"  # accepted for delivery on the exporter's own thread
+
+
+class Consumer(Protocol):
+    def consume(self, batch: Batch) -> None: ...
+
+
+class NullConsumer:
+    def consume(self, batch: Batch) -> None:
+        return None
+
+
+class SelfTelemetry(Protocol):
+    """Counters of the collector's own telemetry (schema.collector), keyed by component id and signal."""
+
+    def received(self, component: str, signal: Signal, n: int) -> None: ...
+    def refused(self, component: str, signal: Signal, n: int) -> None: ...
+    def exported(self, component: str, signal: Signal, n: int) -> None: ...
+    def dropped(self, component: str, signal: Signal, n: int) -> None: ...
+    def queue(self, component: str, size: int, capacity: int) -> None: ...
+
+
+class LogOnce:
+    """Logs a message once per key, so a broken NVML field or backend is reported once, not once per poll."""
+
+    def __init__(self, logger: logging.Logger):
+        self._logger = logger
+        self._seen: set[Any] = set()
+
+    def __call__(self, key: Any, level: int, msg: str, *args: Any) -> None:
+        if key in self._seen:
+            return
+        self._seen.add(key)
+        self._logger.log(level, msg, *args)
+
+
+class ComponentHost:
+    """What the runtime gives a component: its id, its downstream consumers per signal, self-telemetry, and the
+    shared services (e.g. the Prometheus registry) other components published."""
+
+    def __init__(self, component_id: str, telemetry: SelfTelemetry, consumers: dict[Signal, Consumer] | None = None,
+                 services: dict[str, Any] | None = None):
+        self.component_id = component_id
+        self.telemetry = telemetry
+        self._consumers: dict[Signal, Consumer] = consumers if consumers is not None else {}
+        self.services: dict[str, Any] = services if services is not None else {}
+        self.logger = logging.getLogger(f"otel_gpu.component.{component_id}")
+        self.log_once = LogOnce(self.logger)
+
+    def consumer(self, signal: Signal) -> Consumer:
+        """Where batches of ``signal`` go next; a null consumer when no pipeline of that signal follows."""
+        return self._consumers.get(signal) or NullConsumer()
+
+    def has_consumer(self, signal: Signal) -> bool:
+        return signal in self._consumers
+
+    def emit(self, batch: Batch) -> None:
+        """Sends a batch the component made itself downstream (processors: after this stage)."""
+        self.consumer(batch.signal).consume(batch)
+
+
+class Component(abc.ABC):
+    def __init__(self, config: Any, host: ComponentHost):
+        self.config = config
+        self.host = host
+
+    def start(self) -> None:  # noqa: B027 - optional hook
+        """Acquire resources (sockets, threads). Raise to abort collector start-up with a clear message."""
+
+    def shutdown(self, timeout_s: float = 5.0) -> None:  # noqa: B027 - optional hook
+        """Flush and release; must return within ``timeout_s``."""
+
+
+class Receiver(Component):
+    """Produces batches into ``host.consumer(signal)``."""
+
+
+class Processor(Component):
+    @abc.abstractmethod
+    def process(self, batch: Batch) -> Batch | None:
+        """Returns the batch to pass on (the same, a changed or a new one), or None to drop it."""
+
+
+class Exporter(Component):
+    @abc.abstractmethod
+    def export(self, batch: Batch) -> ExportResult:
+        """Delivers a batch, or queues it for delivery. Must not block the caller on network I/O."""
+
+    def force_flush(self, timeout_s: float = 5.0) -> bool:
+        return True
+
+
+@dataclass(frozen=True)
+class ComponentFactory:
+    """How the runtime builds a component: its type name, kind, config class and constructor.
+
+    ``config_class`` is a dataclass with a default for every field and a ``validate()`` that raises ``ValueError``
+    naming the bad key (relative to the component, e.g. ``"interval_s must be > 0 (got -1)"``).
+    """
+
+    type: str
+    kind: str  # "receiver" | "processor" | "exporter"
+    config_class: type
+    create: Callable[[Any, ComponentHost], Component]
+    signals: Iterable[Signal] = field(default=(Signal.TRACES, Signal.METRICS, Signal.LOGS))
+    description: str = ""

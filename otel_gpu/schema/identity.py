@@ -1,0 +1,28 @@
+"""Who emitted a signal: job, rank, host, process and GPU. Resource attributes on every signal."""
+from __future__ import annotations
+
+from otel_gpu.schema._model import attr
+
+_G = "Identity (resource attributes)"
+
+JOB_ID = attr("training.job.id", "string",
+              "Training job identity: OTEL_GPU_JOB_ID, else TORCHELASTIC_RUN_ID, else a generated id. "
+              "The routing key for sharding jobs over aggregators.", group=_G)
+RANK = attr("training.rank", "int", "Global rank of the process (RANK).", group=_G)
+LOCAL_RANK = attr("training.local_rank", "int", "Rank on its node (LOCAL_RANK).", group=_G)
+WORLD_SIZE = attr("training.world_size", "int", "Number of ranks in the job (WORLD_SIZE).", group=_G)
+RESTART_COUNT = attr("training.restart_count", "int", "torchelastic restart count (TORCHELASTIC_RESTART_COUNT).",
+                     group=_G)
+HOST_NAME = attr("host.name", "string", "Host name of the node.", group=_G, semconv=True)
+PROCESS_PID = attr("process.pid", "int", "Process id.", group=_G, semconv=True)
+SERVICE_NAME = attr("service.name", "string", "OTEL_SERVICE_NAME; defaults to otel-gpu-training.", group=_G,
+                    semconv=True)
+HW_ID = attr("hw.id", "string", "Hardware id; for a GPU its UUID.", group=_G, semconv=True)
+HW_NAME = attr("hw.name", "string", "Product name, e.g. NVIDIA H100 80GB HBM3.", group=_G, semconv=True)
+HW_TYPE = attr("hw.type", "string", "Hardware type (gpu, network).", group=_G, semconv=True)
+GPU_INDEX = attr("gpu.index", "int", "NVML device index (the CUDA device index when CUDA_DEVICE_ORDER=PCI_BUS_ID).",
+                 group=_G)
+GPU_UUID = attr("gpu.uuid", "string", "GPU UUID (same value as hw.id on GPU metrics).", group=_G)
+GPU_PCI_BUS_ID = attr("gpu.pci.bus_id", "string", "PCI bus id, e.g. 00000000:07:00.0.", group=_G)
+COMPONENT = attr("otel_gpu.component", "string", "Collector component id, e.g. otlp or nvml/fast.", group=_G)
+SIGNAL = attr("otel_gpu.signal", "string", "traces, metrics or logs.", group=_G, values=("traces", "metrics", "logs"))

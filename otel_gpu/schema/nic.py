@@ -1,0 +1,2 @@
+"""NIC / InfiniBand / Ethernet health metrics (receiver: nic)."""
+from __future__ import annotations
