@@ -9,6 +9,7 @@ _UNIT_WORDS = {
     "W": "watts", "J": "joules", "Cel": "celsius", "Hz": "hertz", "MHz": "megahertz",
     "V": "volts", "A": "amperes", "%": "percent", "m": "meters",
 }
+_PER_UNIT_WORDS = {"s": "second", "m": "minute", "h": "hour", "d": "day", "w": "week", "mo": "month", "y": "year"}
 _INVALID = re.compile(r"[^a-zA-Z0-9_:]")
 
 
@@ -27,7 +28,7 @@ def unit_suffix(unit: str) -> str:
         return "ratio"
     if "/" in unit:
         num, _, den = unit.partition("/")
-        a, b = _UNIT_WORDS.get(num, num), _UNIT_WORDS.get(den, den)
+        a, b = _UNIT_WORDS.get(num, num), _PER_UNIT_WORDS.get(den, _UNIT_WORDS.get(den, den))
         return f"{a}_per_{b}".strip("_")
     return _UNIT_WORDS.get(unit, unit)
 
