@@ -1,0 +1,136 @@
+"""Settings of the ``otlp`` (gRPC) and ``otlphttp`` exporters, in the OpenTelemetry Collector's shape.
+
+Example:
+    >>> from otel_gpu.config import build
+    >>> cfg = build(OtlpExporterConfig, {"endpoint": "backend:4317", "sending_queue": {"queue_size": 50}},
+    ...             "exporters.otlp")
+    >>> cfg.sending_queue.queue_size, cfg.retry_on_failure.initial_interval_s
+    (50, 5.0)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+__all__ = ["OtlpExporterConfig", "OtlpHttpExporterConfig", "QueueConfig", "RetryConfig", "TlsConfig"]
+
+
+@dataclass
+class RetryConfig:
+    """Exponential backoff with jitter, as the OpenTelemetry Collector's ``retry_on_failure``."""
+
+    enabled: bool = True
+    initial_interval_s: float = 5.0
+    max_interval_s: float = 30.0
+    max_elapsed_time_s: float = 300.0  # give up (drop and count) after this long; 0 = retry until shutdown
+    multiplier: float = 1.5
+    randomization_factor: float = 0.5
+
+    def validate(self) -> None:
+        if self.initial_interval_s <= 0:
+            raise ValueError(f"initial_interval_s must be > 0 (got {self.initial_interval_s})")
+        if self.max_interval_s < self.initial_interval_s:
+            raise ValueError(f"max_interval_s must be >= initial_interval_s (got {self.max_interval_s})")
+        if self.max_elapsed_time_s < 0:
+            raise ValueError(f"max_elapsed_time_s must be >= 0 (got {self.max_elapsed_time_s})")
+        if self.multiplier < 1:
+            raise ValueError(f"multiplier must be >= 1 (got {self.multiplier})")
+        if not 0 <= self.randomization_factor <= 1:
+            raise ValueError(f"randomization_factor must be within 0..1 (got {self.randomization_factor})")
+
+
+@dataclass
+class QueueConfig:
+    """A bounded in-memory queue of batches, drained by ``num_consumers`` threads; a full queue drops."""
+
+    enabled: bool = True  # false: export() sends (and retries) on the caller's thread, blocking the receiver
+    queue_size: int = 1000  # batches
+    num_consumers: int = 10
+
+    def validate(self) -> None:
+        if self.queue_size < 1:
+            raise ValueError(f"queue_size must be >= 1 (got {self.queue_size})")
+        if self.num_consumers < 1:
+            raise ValueError(f"num_consumers must be >= 1 (got {self.num_consumers})")
+
+
+@dataclass
+class TlsConfig:
+    insecure: bool | None = None  # null: TLS only when the endpoint says https://
+    ca_file: str = ""  # PEM roots; empty: the system's
+
+    def validate(self) -> None:
+        return None
+
+
+def _validate_common(cfg) -> None:
+    if cfg.timeout_s <= 0:
+        raise ValueError(f"timeout_s must be > 0 (got {cfg.timeout_s})")
+    if cfg.compression not in ("gzip", "none", ""):
+        raise ValueError(f"compression must be gzip or none (got {cfg.compression!r})")
+    for key in cfg.headers:
+        if not key or any(c.isspace() for c in key):
+            raise ValueError(f"headers: {key!r} is not a valid header name")
+
+
+@dataclass
+class OtlpExporterConfig:
+    """``otlp``: OTLP/gRPC. ``endpoint`` is ``host:port`` (plaintext) or ``https://host:port`` (TLS)."""
+
+    endpoint: str = ""
+    headers: dict[str, str] = field(default_factory=dict)
+    timeout_s: float = 5.0
+    compression: str = "gzip"
+    tls: TlsConfig = field(default_factory=TlsConfig)
+    retry_on_failure: RetryConfig = field(default_factory=RetryConfig)
+    sending_queue: QueueConfig = field(default_factory=QueueConfig)
+
+    def validate(self) -> None:
+        if not self.endpoint:
+            raise ValueError("endpoint is required, e.g. endpoint: backend.example:4317")
+        target = self.endpoint.split("://", 1)[-1].rstrip("/")
+        host, sep, port = target.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ValueError(f"endpoint must be HOST:PORT or http(s)://HOST:PORT, e.g. backend.example:4317 "
+                             f"(got {self.endpoint!r})")
+        _validate_common(self)
+
+    @property
+    def target(self) -> str:
+        return self.endpoint.split("://", 1)[-1].rstrip("/")
+
+    @property
+    def use_tls(self) -> bool:
+        if self.tls.insecure is not None:
+            return not self.tls.insecure
+        return self.endpoint.startswith("https://")
+
+
+@dataclass
+class OtlpHttpExporterConfig:
+    """``otlphttp``: OTLP/HTTP protobuf. ``endpoint`` is the base URL; ``/v1/traces`` etc. are appended."""
+
+    endpoint: str = ""
+    headers: dict[str, str] = field(default_factory=dict)
+    timeout_s: float = 5.0
+    compression: str = "gzip"
+    tls: TlsConfig = field(default_factory=TlsConfig)
+    retry_on_failure: RetryConfig = field(default_factory=RetryConfig)
+    sending_queue: QueueConfig = field(default_factory=QueueConfig)
+
+    def validate(self) -> None:
+        if not self.endpoint:
+            raise ValueError("endpoint is required, e.g. endpoint: http://backend.example:4318")
+        parts = urlsplit(self.endpoint)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"endpoint must be a URL like http://backend.example:4318 (got {self.endpoint!r})")
+        try:
+            parts.port  # noqa: B018 - raises on a bad port
+        except ValueError:
+            raise ValueError(f"endpoint has a bad port (got {self.endpoint!r})") from None
+        _validate_common(self)
+
+    @property
+    def use_tls(self) -> bool:
+        """TLS follows the URL's scheme; ``tls.insecure: true`` with https:// skips certificate verification."""
+        return urlsplit(self.endpoint).scheme == "https"

@@ -1,0 +1,208 @@
+"""The ``otlp`` (gRPC) and ``otlphttp`` exporters: send each batch's wire bytes as they are, from a queue.
+
+Example:
+    >>> from otel_gpu.collector.telemetry import PrometheusSelfTelemetry
+    >>> from otel_gpu.component import ComponentHost
+    >>> from otel_gpu.config import build
+    >>> cfg = build(OtlpExporterConfig, {"endpoint": "127.0.0.1:4317"}, "exporters.otlp")
+    >>> exporter = OtlpExporter(cfg, ComponentHost("otlp", PrometheusSelfTelemetry()))
+    >>> exporter.start()            # doctest: +SKIP
+    >>> exporter.export(batch)      # doctest: +SKIP
+    <ExportResult.QUEUED: 'queued'>
+"""
+from __future__ import annotations
+
+import email.utils
+import gzip
+import http.client
+import logging
+import ssl
+import threading
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import grpc
+from google.rpc import error_details_pb2, status_pb2
+
+from otel_gpu.exporters.otlp._queued import Attempt, QueuedExporter
+from otel_gpu.pdata import Signal
+
+__all__ = ["OtlpExporter", "OtlpHttpExporter"]
+
+_logger = logging.getLogger(__name__)
+
+_METHODS = {
+    Signal.TRACES: "/opentelemetry.proto.collector.trace.v1.TraceService/Export",
+    Signal.METRICS: "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export",
+    Signal.LOGS: "/opentelemetry.proto.collector.logs.v1.LogsService/Export",
+}
+# The OTLP specification's retryable codes. RESOURCE_EXHAUSTED is retried only when the server sends RetryInfo:
+# without it, it usually means "message too large", which no retry fixes.
+_RETRYABLE = frozenset({grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.ABORTED,
+                        grpc.StatusCode.OUT_OF_RANGE, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DATA_LOSS})
+_HTTP_RETRYABLE = frozenset({429, 502, 503, 504})
+
+
+def _rejected(signal: Signal, response: bytes) -> tuple[int, str]:
+    """Items refused in an Export*ServiceResponse's partial_success (an empty response means all accepted)."""
+    if not response:
+        return 0, ""
+    try:
+        message = signal.response_type().FromString(response)
+    except Exception:  # noqa: BLE001 - an odd response body does not undo a 200 / OK
+        return 0, ""
+    if not message.HasField("partial_success"):
+        return 0, ""
+    ps = message.partial_success
+    n = getattr(ps, {Signal.TRACES: "rejected_spans", Signal.METRICS: "rejected_data_points",
+                     Signal.LOGS: "rejected_log_records"}[signal])
+    return int(n), ps.error_message
+
+
+def _retry_info_delay(error: grpc.RpcError) -> float | None:
+    """The delay a server asked for in google.rpc.RetryInfo (trailer grpc-status-details-bin), if any."""
+    try:
+        trailers = error.trailing_metadata() or ()
+    except Exception:  # noqa: BLE001
+        return None
+    for key, value in trailers:
+        if key != "grpc-status-details-bin":
+            continue
+        try:
+            status = status_pb2.Status.FromString(value)
+            for detail in status.details:
+                if detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
+                    info = error_details_pb2.RetryInfo()
+                    detail.Unpack(info)
+                    return info.retry_delay.seconds + info.retry_delay.nanos / 1e9
+        except Exception:  # noqa: BLE001
+            return None
+    return None
+
+
+class OtlpExporter(QueuedExporter):
+    """OTLP/gRPC: one channel; each signal's Export method called with identity (de)serializers."""
+
+    def _open(self) -> None:
+        cfg = self.config
+        options = [("grpc.enable_retries", 0), ("grpc.max_send_message_length", -1),
+                   ("grpc.max_receive_message_length", 4 * 1024 * 1024)]
+        compression = grpc.Compression.Gzip if cfg.compression == "gzip" else grpc.Compression.NoCompression
+        if cfg.use_tls:
+            roots = Path(cfg.tls.ca_file).read_bytes() if cfg.tls.ca_file else None
+            self._channel = grpc.secure_channel(cfg.target, grpc.ssl_channel_credentials(roots), options,
+                                                compression=compression)
+        else:
+            self._channel = grpc.insecure_channel(cfg.target, options, compression=compression)
+        self._calls = {s: self._channel.unary_unary(m, request_serializer=None, response_deserializer=None)
+                       for s, m in _METHODS.items()}
+        self._metadata = tuple((k.lower(), v) for k, v in cfg.headers.items()) or None
+
+    def _send_once(self, signal: Signal, body: bytes, timeout_s: float) -> Attempt:
+        try:
+            response = self._calls[signal](body, timeout=timeout_s, metadata=self._metadata)
+        except grpc.RpcError as exc:
+            code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
+            message = f"{code.name}: {exc.details() if hasattr(exc, 'details') else exc}"
+            delay = _retry_info_delay(exc)
+            retryable = code in _RETRYABLE or (code is grpc.StatusCode.RESOURCE_EXHAUSTED and delay is not None)
+            return Attempt(False, retryable, delay, message)
+        rejected, why = _rejected(signal, response)
+        return Attempt(True, rejected=rejected, message=why)
+
+    def _close(self) -> None:
+        channel = getattr(self, "_channel", None)
+        if channel is not None:
+            channel.close()
+
+
+def _retry_after(value: str | None) -> float | None:
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+class OtlpHttpExporter(QueuedExporter):
+    """OTLP/HTTP protobuf: one keep-alive connection per sender thread."""
+
+    def _open(self) -> None:
+        cfg = self.config
+        url = urlsplit(cfg.endpoint)
+        self._host = url.hostname
+        self._port = url.port or (443 if cfg.use_tls else 80)
+        base = url.path.rstrip("/")
+        self._paths = {s: f"{base}/v1/{s.value}" for s in Signal}
+        self._ssl = None
+        if cfg.use_tls:
+            self._ssl = ssl.create_default_context(cafile=cfg.tls.ca_file or None)
+            if cfg.tls.insecure:
+                self._ssl.check_hostname = False
+                self._ssl.verify_mode = ssl.CERT_NONE
+        self._headers = {"Content-Type": "application/x-protobuf", "User-Agent": "otel-gpu",
+                         **({"Content-Encoding": "gzip"} if cfg.compression == "gzip" else {}), **cfg.headers}
+        self._local = threading.local()
+        self._conns: list[http.client.HTTPConnection] = []
+        self._conns_lock = threading.Lock()
+
+    def _connection(self, timeout_s: float) -> http.client.HTTPConnection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            if self._ssl is not None:
+                conn = http.client.HTTPSConnection(self._host, self._port, timeout=timeout_s, context=self._ssl)
+            else:
+                conn = http.client.HTTPConnection(self._host, self._port, timeout=timeout_s)
+            self._local.conn = conn
+            with self._conns_lock:
+                self._conns.append(conn)
+        conn.timeout = timeout_s
+        if conn.sock is not None:
+            conn.sock.settimeout(timeout_s)
+        return conn
+
+    def _drop_connection(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        self._local.conn = None
+        if conn is not None:
+            conn.close()
+
+    def _send_once(self, signal: Signal, body: bytes, timeout_s: float) -> Attempt:
+        if self.config.compression == "gzip":
+            body = gzip.compress(body, compresslevel=6)
+        try:
+            conn = self._connection(timeout_s)
+            conn.request("POST", self._paths[signal], body=body, headers=self._headers)
+            response = conn.getresponse()
+            payload = response.read()
+            status = response.status
+            if response.will_close:
+                self._drop_connection()
+        except (OSError, http.client.HTTPException) as exc:
+            self._drop_connection()
+            return Attempt(False, True, None, f"{type(exc).__name__}: {exc}")
+        if 200 <= status < 300:
+            rejected, why = _rejected(signal, payload) if "protobuf" in (response.getheader(
+                "Content-Type") or "") else (0, "")
+            return Attempt(True, rejected=rejected, message=why)
+        message = f"HTTP {status}"
+        try:
+            detail = status_pb2.Status.FromString(payload).message if "protobuf" in (response.getheader(
+                "Content-Type") or "") else payload[:200].decode("utf-8", "replace")
+            if detail:
+                message += f": {detail}"
+        except Exception:  # noqa: BLE001
+            pass
+        return Attempt(False, status in _HTTP_RETRYABLE, _retry_after(response.getheader("Retry-After")), message)
+
+    def _close(self) -> None:
+        with self._conns_lock:
+            for conn in self._conns:
+                conn.close()
+            self._conns.clear()

@@ -1,0 +1,76 @@
+"""The OTLP/gRPC server: generic handlers that take each request as raw bytes (no per-span Python objects)."""
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from concurrent import futures
+
+import grpc
+
+from otel_gpu.pdata import MalformedBatch, Signal
+
+__all__ = ["GrpcServer", "SERVICES"]
+
+_logger = logging.getLogger(__name__)
+
+SERVICES = {
+    Signal.TRACES: "opentelemetry.proto.collector.trace.v1.TraceService",
+    Signal.METRICS: "opentelemetry.proto.collector.metrics.v1.MetricsService",
+    Signal.LOGS: "opentelemetry.proto.collector.logs.v1.LogsService",
+}
+
+
+class PipelineRefused(RuntimeError):
+    """The pipeline raised while taking a batch: the client should retry."""
+
+
+Accept = Callable[[Signal, bytes], None]  # raises MalformedBatch or PipelineRefused
+
+
+class GrpcServer:
+    def __init__(self, host: str, port: int, max_recv_bytes: int, max_workers: int, signals: list[Signal],
+                 accept: Accept):
+        self._server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="otlp-grpc"),
+            options=[
+                ("grpc.max_receive_message_length", max_recv_bytes),
+                ("grpc.max_send_message_length", 4 * 1024 * 1024),
+                # grpc-core sets SO_REUSEPORT by default, which lets a second collector bind the same port silently.
+                ("grpc.so_reuseport", 0),
+            ],
+        )
+        for signal in signals:
+            self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+                SERVICES[signal],
+                {"Export": grpc.unary_unary_rpc_method_handler(_export_handler(signal, accept),
+                                                               request_deserializer=None,
+                                                               response_serializer=None)}),))
+        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        try:
+            self.port = self._server.add_insecure_port(address)
+        except RuntimeError as exc:
+            raise OSError(f"cannot listen for OTLP/gRPC on {address}: the address is in use or not available "
+                          f"({exc}); is another collector running? set grpc.endpoint to a free port") from None
+        if self.port == 0:  # older grpcio reports failure this way
+            raise OSError(f"cannot listen for OTLP/gRPC on {address}: the address is in use or not available; "
+                          f"is another collector running? set grpc.endpoint to a free port")
+        self.address = f"{host}:{self.port}"
+
+    def start(self) -> None:
+        self._server.start()
+
+    def stop(self, timeout_s: float) -> None:
+        self._server.stop(grace=max(0.0, min(2.0, timeout_s / 2))).wait(timeout_s)
+
+
+def _export_handler(signal: Signal, accept: Accept):
+    def export(raw: bytes, context: grpc.ServicerContext) -> bytes:
+        try:
+            accept(signal, raw)
+        except MalformedBatch as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except PipelineRefused as exc:
+            context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+        return b""  # an empty Export*ServiceResponse: full success
+
+    return export

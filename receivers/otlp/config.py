@@ -1,0 +1,80 @@
+"""Settings of the ``otlp`` receiver.
+
+Example:
+    >>> from otel_gpu.config import build
+    >>> cfg = build(OtlpReceiverConfig, {"grpc": {"endpoint": "127.0.0.1:0"}, "http": None}, "receivers.otlp")
+    >>> cfg.grpc.endpoint, cfg.http
+    ('127.0.0.1:0', None)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["GrpcServerConfig", "HttpServerConfig", "OtlpReceiverConfig", "ProtocolsConfig", "split_endpoint"]
+
+
+def split_endpoint(endpoint: str, key: str) -> tuple[str, int]:
+    """``"host:port"`` (or ``"[v6]:port"``) into its parts; raises ValueError naming ``key``."""
+    host, sep, port = endpoint.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"{key} must be HOST:PORT, e.g. 127.0.0.1:4317 (got {endpoint!r})")
+    return host.strip("[]"), int(port)
+
+
+@dataclass
+class GrpcServerConfig:
+    endpoint: str = "127.0.0.1:4317"
+    max_recv_msg_size_mib: float = 16.0
+    max_workers: int = 8  # threads serving requests
+
+    def validate(self) -> None:
+        split_endpoint(self.endpoint, "endpoint")
+        if self.max_recv_msg_size_mib <= 0:
+            raise ValueError(f"max_recv_msg_size_mib must be > 0 (got {self.max_recv_msg_size_mib})")
+        if self.max_workers < 1:
+            raise ValueError(f"max_workers must be >= 1 (got {self.max_workers})")
+
+
+@dataclass
+class HttpServerConfig:
+    endpoint: str = "127.0.0.1:4318"
+    max_request_body_size_mib: float = 16.0
+    read_timeout_s: float = 30.0  # a client that stops sending mid-body is dropped after this
+
+    def validate(self) -> None:
+        split_endpoint(self.endpoint, "endpoint")
+        if self.max_request_body_size_mib <= 0:
+            raise ValueError(f"max_request_body_size_mib must be > 0 (got {self.max_request_body_size_mib})")
+        if self.read_timeout_s <= 0:
+            raise ValueError(f"read_timeout_s must be > 0 (got {self.read_timeout_s})")
+
+
+@dataclass
+class ProtocolsConfig:
+    """The OpenTelemetry Collector's spelling (``protocols: {grpc: {...}}``): only the protocols named are served.
+
+    The fields are typed non-optional on purpose: ``grpc:`` with no value (YAML null) means "on, with defaults", as
+    in the OpenTelemetry Collector, while a protocol that is not named at all stays ``None`` (off).
+    """
+
+    grpc: GrpcServerConfig = None  # type: ignore[assignment]
+    http: HttpServerConfig = None  # type: ignore[assignment]
+
+    def validate(self) -> None:
+        return None
+
+
+@dataclass
+class OtlpReceiverConfig:
+    """``grpc`` and ``http`` are served by default; set one to null to turn it off."""
+
+    grpc: GrpcServerConfig | None = field(default_factory=GrpcServerConfig)
+    http: HttpServerConfig | None = field(default_factory=HttpServerConfig)
+    protocols: ProtocolsConfig | None = None
+
+    def validate(self) -> None:
+        if self.protocols is not None:
+            # As in the OpenTelemetry Collector, `protocols:` lists what to serve; a protocol left out is off.
+            self.grpc, self.http = self.protocols.grpc, self.protocols.http
+        if self.grpc is None and self.http is None:
+            raise ValueError("grpc: both grpc and http are null; enable at least one protocol")

@@ -1,0 +1,109 @@
+"""The ``otlp`` receiver: OTLP/gRPC and OTLP/HTTP (protobuf and JSON) in, batches out, bytes kept as received.
+
+Example:
+    >>> from otel_gpu.collector.telemetry import PrometheusSelfTelemetry
+    >>> from otel_gpu.component import ComponentHost
+    >>> from otel_gpu.receivers.otlp import OtlpReceiver, OtlpReceiverConfig
+    >>> from otel_gpu.receivers.otlp.config import GrpcServerConfig
+    >>> got = []
+    >>> class Keep:
+    ...     def consume(self, batch): got.append(batch)
+    >>> host = ComponentHost("otlp", PrometheusSelfTelemetry(), {s: Keep() for s in Signal})
+    >>> receiver = OtlpReceiver(OtlpReceiverConfig(grpc=GrpcServerConfig("127.0.0.1:0"), http=None), host)
+    >>> receiver.start(); receiver.grpc_port > 0
+    True
+    >>> receiver.shutdown()
+"""
+from __future__ import annotations
+
+import logging
+import threading
+
+from otel_gpu.component import Receiver
+from otel_gpu.pdata import Batch, MalformedBatch, Signal
+from otel_gpu.receivers.otlp._grpc import GrpcServer, PipelineRefused
+from otel_gpu.receivers.otlp.config import OtlpReceiverConfig, split_endpoint
+
+__all__ = ["OtlpReceiver"]
+
+_logger = logging.getLogger(__name__)
+_MIB = 1024 * 1024
+
+
+class OtlpReceiver(Receiver):
+    """Serves the OTLP services of every signal some pipeline consumes; ``grpc_port`` / ``http_port`` after start."""
+
+    config: OtlpReceiverConfig
+
+    def __init__(self, config: OtlpReceiverConfig, host):
+        super().__init__(config, host)
+        self._grpc: GrpcServer | None = None
+        self._http = None
+        self._consumers = {}
+        self.grpc_port: int | None = None
+        self.http_port: int | None = None
+        self._lock = threading.Lock()
+
+    # -- the one path every request takes ------------------------------------------------------------------------
+    def accept(self, signal: Signal, raw: bytes) -> None:
+        """Validates protobuf bytes and hands them on. Raises MalformedBatch or PipelineRefused."""
+        try:
+            batch = Batch.from_bytes(signal, raw)
+        except MalformedBatch:
+            self.host.telemetry.refused(self.host.component_id, signal, 1)
+            raise
+        self.accept_batch(batch)
+
+    def accept_batch(self, batch: Batch) -> None:
+        consumer = self._consumers.get(batch.signal)
+        if consumer is None:
+            consumer = self.host.consumer(batch.signal)
+        try:
+            consumer.consume(batch)
+        except Exception as exc:  # noqa: BLE001 - the pipeline's fault must not take the server down
+            self.host.log_once(("consume", batch.signal), logging.ERROR, "%s: the %s pipeline raised; the client is "
+                               "told to retry (logged once)", self.host.component_id, batch.signal.value,
+                               exc_info=True)
+            self.host.telemetry.refused(self.host.component_id, batch.signal, batch.item_count())
+            raise PipelineRefused(f"the {batch.signal.value} pipeline could not take the batch: {exc}") from None
+
+    def signals(self) -> list[Signal]:
+        """Signals to serve: those some pipeline consumes (all three when used outside a collector)."""
+        served = [s for s in Signal if self.host.has_consumer(s)]
+        return served or list(Signal)
+
+    # -- lifecycle -----------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        signals = self.signals()
+        self._consumers = {s: self.host.consumer(s) for s in signals}
+        cfg = self.config
+        try:
+            if cfg.grpc is not None:
+                host, port = split_endpoint(cfg.grpc.endpoint, "grpc.endpoint")
+                self._grpc = GrpcServer(host, port, int(cfg.grpc.max_recv_msg_size_mib * _MIB), cfg.grpc.max_workers,
+                                        signals, self.accept)
+                self._grpc.start()
+                self.grpc_port = self._grpc.port
+                _logger.info("%s: OTLP/gRPC listening on %s (%s)", self.host.component_id, self._grpc.address,
+                             ", ".join(s.value for s in signals))
+            if cfg.http is not None:
+                from otel_gpu.receivers.otlp._http import HttpServer
+
+                host, port = split_endpoint(cfg.http.endpoint, "http.endpoint")
+                self._http = HttpServer(host, port, int(cfg.http.max_request_body_size_mib * _MIB),
+                                        cfg.http.read_timeout_s, signals, self)
+                self._http.start()
+                self.http_port = self._http.port
+                _logger.info("%s: OTLP/HTTP listening on http://%s (%s)", self.host.component_id,
+                             self._http.address, ", ".join(f"/v1/{s.value}" for s in signals))
+        except BaseException:
+            self.shutdown(2.0)
+            raise
+
+    def shutdown(self, timeout_s: float = 5.0) -> None:
+        with self._lock:
+            grpc_server, http_server, self._grpc, self._http = self._grpc, self._http, None, None
+        if http_server is not None:
+            http_server.stop(timeout_s / 2)
+        if grpc_server is not None:
+            grpc_server.stop(timeout_s / 2)
