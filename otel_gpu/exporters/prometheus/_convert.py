@@ -1,0 +1,285 @@
+"""OTLP metrics -> the latest value of each Prometheus series, kept in memory and served by ``collect()``.
+
+One :class:`MetricState` per exporter. ``update()`` walks the data points of an export request (Python, but only
+data points and their attributes; resources are converted once per request) and stores plain values under a lock;
+``collect()`` builds prometheus-client metric families from them at scrape time and drops expired series.
+
+Mapping (OpenTelemetry "Prometheus and OpenMetrics compatibility"):
+
+- gauge -> gauge
+- monotonic sum, cumulative -> counter (``_total``); delta -> accumulated into a counter
+- non-monotonic sum -> gauge (delta: accumulated)
+- explicit-bucket histogram -> histogram (delta: accumulated while the bounds stay the same)
+- summary, exponential histogram -> skipped (logged once per metric name)
+"""
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import math
+import re
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from prometheus_client.metrics_core import Metric
+from prometheus_client.samples import Sample
+from prometheus_client.utils import floatToGoString
+
+from otel_gpu.component import LogOnce
+from otel_gpu.schema._prom import prometheus_name, sanitize
+
+__all__ = ["MetricState"]
+
+_logger = logging.getLogger(__name__)
+
+_DELTA = 1  # AggregationTemporality.AGGREGATION_TEMPORALITY_DELTA
+_NO_RECORDED_VALUE = 1  # DataPointFlags.DATA_POINT_FLAGS_NO_RECORDED_VALUE_MASK
+_BAD_LABEL_CHARS = re.compile(r"[^a-zA-Z0-9_]")
+_CACHE_MAX = 20_000
+
+GAUGE, COUNTER, HISTOGRAM = "gauge", "counter", "histogram"
+
+
+def _any_to_json(value: Any) -> Any:
+    kind = value.WhichOneof("value")
+    if kind == "array_value":
+        return [_any_to_json(v) for v in value.array_value.values]
+    if kind == "kvlist_value":
+        return {kv.key: _any_to_json(kv.value) for kv in value.kvlist_value.values}
+    if kind == "bytes_value":
+        return base64.b64encode(value.bytes_value).decode()
+    return getattr(value, kind) if kind else None
+
+
+def label_value(value: Any) -> str:
+    """An OTLP AnyValue as a Prometheus label value (non-strings as JSON, like the OpenTelemetry Collector)."""
+    kind = value.WhichOneof("value")
+    if kind == "string_value":
+        return value.string_value
+    if kind == "int_value":
+        return str(value.int_value)
+    if kind == "bool_value":
+        return "true" if value.bool_value else "false"
+    if kind == "double_value":
+        return floatToGoString(value.double_value)
+    if kind is None:
+        return ""
+    return json.dumps(_any_to_json(value), separators=(",", ":"), sort_keys=True)
+
+
+class MetricState:
+    """The latest value of every series, by family; a prometheus-client custom collector.
+
+    Args:
+        namespace: prefix for every family name (``"<namespace>_<name>"``); empty for none.
+        expiration_s: series not updated for this long are dropped.
+        resource_labels: copy resource attributes into labels (data point attributes win on a clash).
+        const_labels: added to every series (lowest precedence).
+        log_once: where unsupported metric types are reported, once per metric name.
+    """
+
+    def __init__(self, namespace: str = "", expiration_s: float = 300.0, resource_labels: bool = True,
+                 const_labels: dict[str, str] | None = None, log_once: LogOnce | None = None):
+        self._prefix = f"{namespace}_" if namespace else ""
+        self._expiration_s = expiration_s
+        self._resource_labels = resource_labels
+        self._const = dict(const_labels or {})
+        self._log_once = log_once or LogOnce(_logger)
+        self._lock = threading.Lock()
+        # family name -> [type, help, {labels tuple: series}]; series: [value, time_ns, updated]
+        # or for histograms [bounds, counts, sum|None, count, time_ns, updated]
+        self._families: dict[str, list[Any]] = {}
+        self._names: dict[tuple[str, str, str], str] = {}
+        self._label_names: dict[str, str] = {}
+        self._last_sweep = time.monotonic()
+
+    # -- names ---------------------------------------------------------------------------------------------------
+    def _family_name(self, name: str, unit: str, kind: str) -> str:
+        key = (name, unit, kind)
+        out = self._names.get(key)
+        if out is None:
+            out = self._prefix + prometheus_name(name, unit, kind)
+            if kind == COUNTER:
+                out = out.removesuffix("_total")  # prometheus-client adds it to the sample (and the text TYPE line)
+            if len(self._names) > _CACHE_MAX:
+                self._names.clear()
+            self._names[key] = out
+        return out
+
+    def _label_name(self, key: str) -> str:
+        out = self._label_names.get(key)
+        if out is None:
+            out = re.sub(r"__+", "_", _BAD_LABEL_CHARS.sub("_", key)) if key else "key_empty"
+            if out[0].isdigit():
+                out = "key_" + out
+            elif out.startswith("__"):
+                out = "key" + out
+            if len(self._label_names) > _CACHE_MAX:
+                self._label_names.clear()
+            self._label_names[key] = out
+        return out
+
+    def _labels(self, attributes: Iterable[Any], base: dict[str, str]) -> tuple[tuple[str, str], ...]:
+        labels = dict(base)
+        seen: set[str] = set()
+        for kv in attributes:
+            name = self._label_name(kv.key)
+            value = label_value(kv.value)
+            if name in seen:  # two keys that sanitize alike: join the values, as the specification says
+                labels[name] = f"{labels[name]};{value}"
+            else:
+                seen.add(name)
+                labels[name] = value
+        return tuple(sorted(labels.items()))
+
+    # -- update --------------------------------------------------------------------------------------------------
+    def update(self, request: Any) -> int:
+        """Applies an ``ExportMetricsServiceRequest``; returns how many data points were taken."""
+        now = time.monotonic()
+        taken = 0
+        with self._lock:
+            for rm in request.resource_metrics:
+                base = dict(self._const)
+                if self._resource_labels:
+                    for kv in rm.resource.attributes:
+                        base[self._label_name(kv.key)] = label_value(kv.value)
+                for sm in rm.scope_metrics:
+                    for metric in sm.metrics:
+                        taken += self._update_metric(metric, base, now)
+            if now - self._last_sweep > min(10.0, self._expiration_s):
+                self._expire(now)
+        return taken
+
+    def _family(self, name: str, kind: str, help_text: str) -> dict:
+        family = self._families.get(name)
+        if family is None or family[0] != kind:
+            if family is not None:
+                self._log_once(("type", name), logging.WARNING, "metric %s changed type from %s to %s; its old series "
+                               "are dropped (logged once)", name, family[0], kind)
+            family = self._families[name] = [kind, help_text, {}]
+        elif help_text and family[1] != help_text:
+            family[1] = help_text
+        return family[2]
+
+    def _update_metric(self, metric: Any, base: dict[str, str], now: float) -> int:
+        data = metric.WhichOneof("data")
+        if data == "gauge":
+            series = self._family(self._family_name(metric.name, metric.unit, GAUGE), GAUGE, metric.description)
+            return self._numbers(series, metric.gauge.data_points, base, now, delta=False)
+        if data == "sum":
+            s = metric.sum
+            kind = COUNTER if s.is_monotonic else GAUGE
+            series = self._family(self._family_name(metric.name, metric.unit, kind), kind, metric.description)
+            return self._numbers(series, s.data_points, base, now, delta=s.aggregation_temporality == _DELTA)
+        if data == "histogram":
+            h = metric.histogram
+            series = self._family(self._family_name(metric.name, metric.unit, HISTOGRAM), HISTOGRAM,
+                                  metric.description)
+            return self._histograms(series, h.data_points, base, now, delta=h.aggregation_temporality == _DELTA)
+        if data is not None:
+            self._log_once(("unsupported", metric.name, data), logging.INFO, "prometheus exporter: metric %s is a %s, "
+                           "which is not exported to Prometheus (logged once)", metric.name, data)
+        return 0
+
+    def _numbers(self, series: dict, points: Iterable[Any], base: dict[str, str], now: float, delta: bool) -> int:
+        n = 0
+        for dp in points:
+            key = self._labels(dp.attributes, base)
+            if dp.flags & _NO_RECORDED_VALUE:
+                series.pop(key, None)
+                continue
+            value = dp.as_double if dp.WhichOneof("value") == "as_double" else float(dp.as_int)
+            t = dp.time_unix_nano
+            old = series.get(key)
+            if old is None:
+                series[key] = [value, t, now]
+            elif delta:
+                old[0] += value
+                old[1] = max(old[1], t)
+                old[2] = now
+            elif t >= old[1]:  # a late, older point does not overwrite a newer one
+                old[0], old[1], old[2] = value, t, now
+            n += 1
+        return n
+
+    def _histograms(self, series: dict, points: Iterable[Any], base: dict[str, str], now: float, delta: bool) -> int:
+        n = 0
+        for dp in points:
+            key = self._labels(dp.attributes, base)
+            if dp.flags & _NO_RECORDED_VALUE:
+                series.pop(key, None)
+                continue
+            bounds = tuple(dp.explicit_bounds)
+            counts = list(dp.bucket_counts)
+            if len(counts) != len(bounds) + 1:  # no buckets (or malformed ones): keep the total only
+                bounds, counts = (), [dp.count]
+            total = dp.sum if dp.HasField("sum") else None
+            t = dp.time_unix_nano
+            old = series.get(key)
+            if old is not None and delta and old[0] == bounds:
+                old[1] = [a + b for a, b in zip(old[1], counts)]
+                old[2] = None if old[2] is None or total is None else old[2] + total
+                old[3] += dp.count
+                old[4], old[5] = max(old[4], t), now
+            elif old is None or delta or t >= old[4]:
+                series[key] = [bounds, counts, total, dp.count, t, now]
+            n += 1
+        return n
+
+    # -- expiry and scrape ---------------------------------------------------------------------------------------
+    def _expire(self, now: float) -> None:
+        cutoff = now - self._expiration_s
+        for name in list(self._families):
+            kind, _, series = self._families[name]
+            stamp = 5 if kind == HISTOGRAM else 2
+            stale = [k for k, s in series.items() if s[stamp] < cutoff]
+            for k in stale:
+                del series[k]
+            if not series:
+                del self._families[name]
+        self._last_sweep = now
+
+    def series_count(self) -> int:
+        with self._lock:
+            return sum(len(f[2]) for f in self._families.values())
+
+    def describe(self) -> list[Metric]:
+        """Nothing fixed: the families change with the data (prometheus-client then skips duplicate checks)."""
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        now = time.monotonic()
+        out: list[Metric] = []
+        with self._lock:
+            self._expire(now)
+            for name, (kind, help_text, series) in sorted(self._families.items()):
+                family = Metric(name, help_text or name, kind)
+                samples = family.samples
+                if kind == GAUGE:
+                    for key, s in series.items():
+                        samples.append(Sample(name, dict(key), s[0], None, None))
+                elif kind == COUNTER:
+                    sample_name = name + "_total"
+                    for key, s in series.items():
+                        samples.append(Sample(sample_name, dict(key), s[0], None, None))
+                else:
+                    self._histogram_samples(name, series, samples)
+                out.append(family)
+        yield from out
+
+    @staticmethod
+    def _histogram_samples(name: str, series: dict, samples: list) -> None:
+        bucket, count_name, sum_name = name + "_bucket", name + "_count", name + "_sum"
+        for key, (bounds, counts, total, count, _, _) in series.items():
+            labels = dict(key)
+            running = 0
+            for bound, c in zip(bounds, counts):
+                running += c
+                samples.append(Sample(bucket, {**labels, "le": floatToGoString(bound)}, float(running), None, None))
+            samples.append(Sample(bucket, {**labels, "le": "+Inf"}, float(count), None, None))
+            samples.append(Sample(count_name, labels, float(count), None, None))
+            if total is not None and not math.isnan(total):
+                samples.append(Sample(sum_name, labels, float(total), None, None))
