@@ -69,11 +69,11 @@ class LogOnce:
         self._logger = logger
         self._seen: set[Any] = set()
 
-    def __call__(self, key: Any, level: int, msg: str, *args: Any) -> None:
+    def __call__(self, key: Any, level: int, msg: str, *args: Any, **kwargs: Any) -> None:
         if key in self._seen:
             return
         self._seen.add(key)
-        self._logger.log(level, msg, *args)
+        self._logger.log(level, msg, *args, **kwargs)  # kwargs: exc_info, stack_info (the runtime passes exc_info)
 
 
 class ComponentHost:
