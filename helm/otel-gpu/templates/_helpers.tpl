@@ -1,0 +1,155 @@
+{{/* Names and labels. */}}
+{{- define "otel-gpu.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "otel-gpu.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "otel-gpu.agentName" -}}
+{{- printf "%s-agent" (include "otel-gpu.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "otel-gpu.aggregatorName" -}}
+{{- printf "%s-aggregator" (include "otel-gpu.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "otel-gpu.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "otel-gpu.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "otel-gpu.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "otel-gpu.labels" -}}
+helm.sh/chart: {{ include "otel-gpu.chart" . }}
+{{ include "otel-gpu.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{- define "otel-gpu.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "otel-gpu.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "otel-gpu.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{/* True when the agent reads /dev/kmsg, which needs a privileged container. */}}
+{{- define "otel-gpu.agentKmsg" -}}
+{{- if and .Values.agent.receivers.xid.enabled (eq .Values.agent.receivers.xid.source "kmsg") -}}true{{- end -}}
+{{- end -}}
+
+{{/* OTLP endpoint of the aggregator Service, as the agents' otlp exporter dials it. */}}
+{{- define "otel-gpu.aggregatorEndpoint" -}}
+{{- printf "%s.%s.svc:%d" (include "otel-gpu.aggregatorName" .) .Release.Namespace (int .Values.aggregator.ports.otlpGrpc) -}}
+{{- end -}}
+
+{{/* Exporter settings for the OTLP backend (empty dict when none). */}}
+{{- define "otel-gpu.backendExporter" -}}
+{{- $b := .Values.backend.otlp -}}
+{{- toYaml (mustMergeOverwrite (dict "endpoint" $b.endpoint) (deepCopy ($b.settings | default dict))) -}}
+{{- end -}}
+
+{{/*
+The node agent's collector config (our YAML, in the OpenTelemetry Collector's shape), built from values and then
+overlaid with .Values.agent.config.
+*/}}
+{{- define "otel-gpu.agentConfig" -}}
+{{- $a := .Values.agent -}}
+{{- $r := $a.receivers -}}
+{{- $receivers := dict "otlp" (dict "grpc" (dict "endpoint" (printf "0.0.0.0:%d" (int $a.ports.otlpGrpc))) "http" (dict "endpoint" (printf "0.0.0.0:%d" (int $a.ports.otlpHttp)))) -}}
+{{- $metricsIn := list "otlp" -}}
+{{- $logsIn := list "otlp" -}}
+{{- if $r.nvml.enabled -}}
+{{- $_ := set $receivers "nvml" (deepCopy ($r.nvml.settings | default dict)) -}}
+{{- $metricsIn = append $metricsIn "nvml" -}}
+{{- $logsIn = append $logsIn "nvml" -}}
+{{- end -}}
+{{- if $r.nic.enabled -}}
+{{- $_ := set $receivers "nic" (mustMergeOverwrite (dict "sysfs_root" "/host/sys") (deepCopy ($r.nic.settings | default dict))) -}}
+{{- $metricsIn = append $metricsIn "nic" -}}
+{{- end -}}
+{{- if $r.xid.enabled -}}
+{{- $xid := dict -}}
+{{- if eq $r.xid.source "file" -}}
+{{- $xid = dict "path" (printf "/host/kernlog/%s" (base $r.xid.file.path)) -}}
+{{- else -}}
+{{- $xid = dict "path" "/dev/kmsg" -}}
+{{- end -}}
+{{- $_ := set $receivers "xid" (mustMergeOverwrite $xid (deepCopy ($r.xid.settings | default dict))) -}}
+{{- $logsIn = append $logsIn "xid" -}}
+{{- end -}}
+{{- $exporters := dict "prometheus" (dict "endpoint" (printf "0.0.0.0:%d" (int $a.ports.metrics))) "store" (dict "path" "/var/lib/otel-gpu") -}}
+{{- $traceOut := list "store" -}}
+{{- $metricsOut := list "prometheus" "store" -}}
+{{- $logsOut := list "store" -}}
+{{- /* With an aggregator, traces reach the backend through it, so that the failure.* attributes it adds to the
+spans are on the spans the backend stores (and nothing is sent twice). */ -}}
+{{- if and .Values.backend.otlp.endpoint (not .Values.aggregator.enabled) -}}
+{{- $_ := set $exporters "otlp/backend" (include "otel-gpu.backendExporter" . | fromYaml) -}}
+{{- $traceOut = append $traceOut "otlp/backend" -}}
+{{- end -}}
+{{- if .Values.aggregator.enabled -}}
+{{- $_ := set $exporters "otlp/aggregator" (dict "endpoint" (include "otel-gpu.aggregatorEndpoint" .)) -}}
+{{- $traceOut = append $traceOut "otlp/aggregator" -}}
+{{- $metricsOut = append $metricsOut "otlp/aggregator" -}}
+{{- $logsOut = append $logsOut "otlp/aggregator" -}}
+{{- end -}}
+{{- $pipelines := dict "traces" (dict "receivers" (list "otlp") "exporters" $traceOut) "metrics" (dict "receivers" $metricsIn "exporters" $metricsOut) "logs" (dict "receivers" $logsIn "exporters" $logsOut) -}}
+{{- $config := dict "receivers" $receivers "exporters" $exporters "service" (dict "pipelines" $pipelines) -}}
+{{- toYaml (mustMergeOverwrite $config (deepCopy ($a.config | default dict))) -}}
+{{- end -}}
+
+{{/* The aggregator's collector config, overlaid with .Values.aggregator.config. */}}
+{{- define "otel-gpu.aggregatorConfig" -}}
+{{- $g := .Values.aggregator -}}
+{{- $receivers := dict "otlp" (dict "grpc" (dict "endpoint" (printf "0.0.0.0:%d" (int $g.ports.otlpGrpc))) "http" (dict "endpoint" (printf "0.0.0.0:%d" (int $g.ports.otlpHttp)))) -}}
+{{- $exporters := dict "prometheus" (dict "endpoint" (printf "0.0.0.0:%d" (int $g.ports.metrics))) "store" (dict "path" "/var/lib/otel-gpu") -}}
+{{- $traceOut := list "store" -}}
+{{- if .Values.backend.otlp.endpoint -}}
+{{- $_ := set $exporters "otlp/backend" (include "otel-gpu.backendExporter" . | fromYaml) -}}
+{{- $traceOut = append $traceOut "otlp/backend" -}}
+{{- end -}}
+{{- $pipelines := dict "traces" (dict "receivers" (list "otlp") "exporters" $traceOut) "metrics" (dict "receivers" (list "otlp") "exporters" (list "prometheus" "store")) "logs" (dict "receivers" (list "otlp") "exporters" (list "store")) -}}
+{{- $config := dict "receivers" $receivers "exporters" $exporters "service" (dict "pipelines" $pipelines) -}}
+{{- toYaml (mustMergeOverwrite $config (deepCopy ($g.config | default dict))) -}}
+{{- end -}}
+
+{{/* Downward-API environment shared by agent and aggregator: identity for resource attributes. */}}
+{{- define "otel-gpu.downwardEnv" -}}
+- name: NODE_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: spec.nodeName
+- name: POD_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+- name: POD_NAMESPACE
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.namespace
+- name: OTEL_RESOURCE_ATTRIBUTES
+  value: "host.name=$(NODE_NAME),k8s.node.name=$(NODE_NAME),k8s.pod.name=$(POD_NAME),k8s.namespace.name=$(POD_NAMESPACE)"
+{{- end -}}

@@ -1,0 +1,322 @@
+"""The Helm chart helm/otel-gpu, rendered by Helm's own engine (helm-python-sdk bundles Helm's Go library), each
+manifest validated against the Kubernetes 1.30 schemas (kubernetes-validate, strict: unknown fields fail), and each
+rendered collector config loaded by otel-gpu's own config validator.
+"""
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+helm = pytest.importorskip("helm_python", reason="helm-python-sdk is in the test extra: pip install -e '.[test]'")
+kubernetes_validate = pytest.importorskip("kubernetes_validate")
+
+from otel_gpu.collector.config import load_text  # noqa: E402
+
+CHART = Path(__file__).resolve().parents[1] / "helm" / "otel-gpu"
+KUBE = "1.30"
+NAMESPACE = "gpu-observability"
+RELEASE = "og"
+
+FULL_VALUES: dict[str, Any] = {
+    "image": {"tag": "9.9.9"},
+    "backend": {"otlp": {"endpoint": "tempo-distributor.tracing.svc:4317"}},
+    "aggregator": {"enabled": True, "replicas": 2, "persistence": {"enabled": True, "size": "5Gi"},
+                   "resources": {"requests": {"cpu": "300m", "memory": "300Mi"},
+                                 "limits": {"cpu": "2", "memory": "2Gi"}}},
+    "serviceMonitor": {"enabled": True, "interval": "5s", "scrapeTimeout": "4s", "labels": {"release": "kps"}},
+    "agent": {
+        "receivers": {"xid": {"enabled": True}},
+        "hostPorts": {"enabled": True},
+        "resources": {"requests": {"cpu": "123m", "memory": "77Mi"}, "limits": {"cpu": "1", "memory": "333Mi"}},
+        "store": {"hostPath": "/var/lib/otel-gpu"},
+        "nodeSelector": {"nvidia.com/gpu.present": "true"},
+        "extraEnv": [{"name": "OTEL_GPU_EXTRA", "value": "1"}],
+    },
+    "nvidia": {"runtimeClassName": "nvidia"},
+    "trainingEnv": {"namespaces": ["team-a", "team-b"], "extra": {"OTEL_GPU_WATCHDOG_S": 30}},
+    "commonLabels": {"team": "ml-infra"},
+}
+
+XID_FILE_VALUES: dict[str, Any] = {
+    "agent": {"receivers": {"xid": {"enabled": True, "source": "file", "file": {"path": "/var/log/kern.log"}}}},
+}
+
+AGGREGATOR_ONLY_VALUES: dict[str, Any] = {"agent": {"enabled": False}, "aggregator": {"enabled": True}}
+
+VALUE_SETS = {"default": {}, "full": FULL_VALUES, "xid-file": XID_FILE_VALUES, "aggregator-only": AGGREGATOR_ONLY_VALUES}
+
+
+def render(values: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:
+    """Renders the chart as `helm template` would; returns the manifests and NOTES.txt."""
+    with helm.Chart.load(str(CHART)) as chart:
+        out = chart.render(copy.deepcopy(values), name=RELEASE, namespace=NAMESPACE)
+    manifests: list[dict[str, Any]] = []
+    notes = ""
+    for path, text in sorted(out.items()):
+        if path.endswith("NOTES.txt"):
+            notes = text
+            continue
+        for doc in yaml.safe_load_all(text):
+            if doc:
+                doc["__template__"] = path
+                manifests.append(doc)
+    return manifests, notes
+
+
+def find(manifests: list[dict], kind: str, name: str | None = None) -> list[dict]:
+    return [m for m in manifests if m["kind"] == kind and (name is None or m["metadata"]["name"] == name)]
+
+
+def one(manifests: list[dict], kind: str, name: str | None = None) -> dict:
+    found = find(manifests, kind, name)
+    assert len(found) == 1, f"expected one {kind} {name or ''}, found {[m['metadata']['name'] for m in found]}"
+    return found[0]
+
+
+def container_port(container: dict, name: str) -> int:
+    return next(p["containerPort"] for p in container["ports"] if p["name"] == name)
+
+
+def endpoint_port(endpoint: str) -> int:
+    return int(endpoint.rsplit(":", 1)[1])
+
+
+@pytest.fixture(scope="module", params=sorted(VALUE_SETS))
+def rendered(request) -> tuple[str, list[dict], str]:
+    manifests, notes = render(VALUE_SETS[request.param])
+    return request.param, manifests, notes
+
+
+def test_lint_is_clean_in_strict_mode_for_every_value_set():
+    for label, values in VALUE_SETS.items():
+        result = helm.lint(str(CHART), copy.deepcopy(values), kube_version="v1.30.0", strict=True)
+        problems = [m for m in result["messages"] if m["severity"] >= 2]  # 1 info, 2 warning, 3 error
+        assert not result["errors"] and not problems, f"{label}: {result}"
+
+
+def test_every_manifest_is_valid_kubernetes(rendered):
+    label, manifests, _ = rendered
+    assert manifests
+    for m in manifests:
+        doc = {k: v for k, v in m.items() if k != "__template__"}
+        if m["kind"] == "ServiceMonitor":
+            continue  # a CRD: its shape is checked in test_service_monitor_selects_the_metrics_ports
+        kubernetes_validate.validate(doc, KUBE, strict=True)
+        assert m["metadata"]["labels"]["app.kubernetes.io/instance"] == RELEASE, m["__template__"]
+
+
+def test_strict_validation_can_fail():
+    """The validator is not a rubber stamp: a misspelt field is refused."""
+    manifests, _ = render({})
+    ds = copy.deepcopy(one(manifests, "DaemonSet"))
+    del ds["__template__"]
+    ds["spec"]["template"]["spec"]["containers"][0]["readinessProbes"] = {}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(ds, KUBE, strict=True)
+
+
+def test_rendered_collector_configs_load_with_our_validator(rendered):
+    label, manifests, _ = rendered
+    configs = [m for m in find(manifests, "ConfigMap") if "config.yaml" in m.get("data", {})]
+    expected = {"default": 1, "full": 2, "xid-file": 1, "aggregator-only": 1}[label]
+    assert len(configs) == expected
+    for cm in configs:
+        cfg = load_text(cm["data"]["config.yaml"], f"{label}:{cm['metadata']['name']}")
+        assert {p.signal.value for p in cfg.pipelines} == {"traces", "metrics", "logs"}
+
+
+def _agent_config(manifests: list[dict]) -> dict:
+    return yaml.safe_load(one(manifests, "ConfigMap", f"{RELEASE}-otel-gpu-agent")["data"]["config.yaml"])
+
+
+def test_default_agent_is_least_privilege():
+    manifests, _ = render({})
+    ds = one(manifests, "DaemonSet")
+    pod = ds["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    sc = container["securityContext"]
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert "privileged" not in sc
+    assert pod["automountServiceAccountToken"] is False
+    assert not pod.get("hostNetwork") and not pod.get("hostPID")
+    host_paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    assert host_paths == {"sys": "/sys"}  # no kernel log access unless the xid receiver is on
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert mounts["sys"]["readOnly"] is True and mounts["config"]["readOnly"] is True
+    assert all("hostPort" not in p for p in container["ports"])
+    # The agent must never take a GPU away from training pods.
+    assert "nvidia.com/gpu" not in str(container["resources"])
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "all" and env["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
+    assert "xid" not in _agent_config(manifests)["receivers"]
+    assert not find(manifests, "Deployment") and not find(manifests, "ServiceMonitor")
+
+
+def test_xid_from_kmsg_is_the_one_privileged_mode():
+    manifests, notes = render({"agent": {"receivers": {"xid": {"enabled": True, "source": "kmsg"}}}})
+    pod = one(manifests, "DaemonSet")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["securityContext"]["privileged"] is True
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    kmsg = next(v for v in pod["volumes"] if v["name"] == "kmsg")
+    assert kmsg["hostPath"] == {"path": "/dev/kmsg", "type": "CharDevice"}
+    assert {"name": "kmsg", "mountPath": "/dev/kmsg", "readOnly": True} in container["volumeMounts"]
+    cfg = _agent_config(manifests)
+    assert cfg["receivers"]["xid"]["path"] == "/dev/kmsg"
+    assert "xid" in cfg["service"]["pipelines"]["logs"]["receivers"]
+    assert "runs privileged" in notes
+
+
+def test_xid_from_a_file_stays_non_root():
+    manifests, _ = render(XID_FILE_VALUES)
+    pod = one(manifests, "DaemonSet")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert "privileged" not in container["securityContext"]
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["supplementalGroups"] == [4]
+    vol = next(v for v in pod["volumes"] if v["name"] == "kernlog")
+    assert vol["hostPath"] == {"path": "/var/log/kern.log", "type": "File"}
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "kernlog")
+    assert mount["readOnly"] is True
+    assert _agent_config(manifests)["receivers"]["xid"]["path"] == mount["mountPath"]
+
+
+def test_ports_probes_and_config_agree(rendered):
+    """Probes hit the Prometheus exporter's /health on the port the rendered config makes it listen on; the OTLP
+    ports of the container, the Service and the config are the same numbers."""
+    label, manifests, _ = rendered
+    workloads = find(manifests, "DaemonSet") + find(manifests, "Deployment")
+    assert workloads
+    for w in workloads:
+        pod = w["spec"]["template"]["spec"]
+        (container,) = pod["containers"]
+        cm_name = next(v["configMap"]["name"] for v in pod["volumes"] if v["name"] == "config")
+        cfg = yaml.safe_load(one(manifests, "ConfigMap", cm_name)["data"]["config.yaml"])
+        assert container["args"] == ["collector", "--config", "/etc/otel-gpu/config.yaml"]
+        metrics_port = container_port(container, "metrics")
+        assert endpoint_port(cfg["exporters"]["prometheus"]["endpoint"]) == metrics_port
+        assert endpoint_port(cfg["receivers"]["otlp"]["grpc"]["endpoint"]) == container_port(container, "otlp-grpc")
+        assert endpoint_port(cfg["receivers"]["otlp"]["http"]["endpoint"]) == container_port(container, "otlp-http")
+        for probe in ("livenessProbe", "readinessProbe"):
+            assert container[probe]["httpGet"] == {"path": "/health", "port": "metrics"}
+        assert container["resources"]["requests"] and container["resources"]["limits"]
+        # The pod restarts when its config changes.
+        assert len(w["spec"]["template"]["metadata"]["annotations"]["checksum/config"]) == 64
+        mounts = {m["mountPath"] for m in container["volumeMounts"]}
+        assert {"/etc/otel-gpu", "/var/lib/otel-gpu", "/tmp"} <= mounts
+        assert cfg["exporters"]["store"]["path"] == "/var/lib/otel-gpu"
+        for svc in find(manifests, "Service"):
+            if svc["spec"]["selector"] == w["spec"]["selector"]["matchLabels"]:
+                names = {p["name"] for p in container["ports"]}
+                assert {p["targetPort"] for p in svc["spec"]["ports"]} <= names
+
+
+def test_full_values_reach_the_manifests():
+    manifests, notes = render(FULL_VALUES)
+    ds = one(manifests, "DaemonSet")
+    pod = ds["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["image"] == "ghcr.io/otel-gpu/otel-gpu:9.9.9"
+    assert container["resources"] == FULL_VALUES["agent"]["resources"]
+    assert pod["runtimeClassName"] == "nvidia"
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert {"name": "OTEL_GPU_EXTRA", "value": "1"} in container["env"]
+    assert next(p for p in container["ports"] if p["name"] == "otlp-grpc")["hostPort"] == 4317
+    assert next(v for v in pod["volumes"] if v["name"] == "data")["hostPath"]["path"] == "/var/lib/otel-gpu"
+    assert ds["metadata"]["labels"]["team"] == "ml-infra"
+
+    agg = one(manifests, "Deployment")
+    assert agg["spec"]["replicas"] == 2 and agg["spec"]["strategy"] == {"type": "Recreate"}
+    (agg_container,) = agg["spec"]["template"]["spec"]["containers"]
+    assert agg_container["resources"] == FULL_VALUES["aggregator"]["resources"]
+    pvc = one(manifests, "PersistentVolumeClaim")
+    assert pvc["spec"]["resources"]["requests"]["storage"] == "5Gi"
+    assert next(v for v in agg["spec"]["template"]["spec"]["volumes"] if v["name"] == "data")[
+        "persistentVolumeClaim"]["claimName"] == pvc["metadata"]["name"]
+
+    # Agents forward everything to the aggregator's Service; traces reach the backend through the aggregator,
+    # which adds the failure.* attributes.
+    agent_cfg = _agent_config(manifests)
+    agg_svc = one(manifests, "Service", f"{RELEASE}-otel-gpu-aggregator")
+    host, port = agent_cfg["exporters"]["otlp/aggregator"]["endpoint"].rsplit(":", 1)
+    assert host == f"{agg_svc['metadata']['name']}.{NAMESPACE}.svc"
+    assert int(port) == next(p["port"] for p in agg_svc["spec"]["ports"] if p["name"] == "otlp-grpc")
+    for signal in ("traces", "metrics", "logs"):
+        assert "otlp/aggregator" in agent_cfg["service"]["pipelines"][signal]["exporters"]
+    assert "otlp/backend" not in agent_cfg["exporters"]
+    agg_cfg = yaml.safe_load(one(manifests, "ConfigMap", f"{RELEASE}-otel-gpu-aggregator")["data"]["config.yaml"])
+    assert agg_cfg["exporters"]["otlp/backend"]["endpoint"] == "tempo-distributor.tracing.svc:4317"
+    assert "otlp/backend" in agg_cfg["service"]["pipelines"]["traces"]["exporters"]
+    assert "Aggregator: Deployment" in notes and "status.hostIP" in notes
+
+
+def test_backend_without_aggregator_is_fed_by_the_agent():
+    manifests, _ = render({"backend": {"otlp": {"endpoint": "jaeger-collector.tracing.svc:4317",
+                                                "settings": {"timeout_s": 5}}}})
+    cfg = _agent_config(manifests)
+    assert cfg["exporters"]["otlp/backend"] == {"endpoint": "jaeger-collector.tracing.svc:4317", "timeout_s": 5}
+    assert cfg["service"]["pipelines"]["traces"]["exporters"] == ["store", "otlp/backend"]
+
+
+def test_agent_config_overlay_merges_maps_and_replaces_lists():
+    manifests, _ = render({"agent": {"config": {"receivers": {"nvml": {"interval_s": 2}},
+                                                "service": {"telemetry": {"logs": {"level": "debug"}}}}}})
+    cfg = _agent_config(manifests)
+    assert cfg["receivers"]["nvml"] == {"interval_s": 2}
+    assert cfg["receivers"]["otlp"]["grpc"]["endpoint"] == "0.0.0.0:4317"  # untouched keys stay
+    assert cfg["service"]["telemetry"]["logs"]["level"] == "debug"
+    assert cfg["service"]["pipelines"]["metrics"]["exporters"] == ["prometheus", "store"]
+
+
+def test_agent_service_keeps_traffic_on_the_node_and_training_env_points_at_it():
+    manifests, notes = render(FULL_VALUES)
+    svc = one(manifests, "Service", f"{RELEASE}-otel-gpu-agent")
+    assert svc["spec"]["internalTrafficPolicy"] == "Local"
+    grpc_port = next(p["port"] for p in svc["spec"]["ports"] if p["name"] == "otlp-grpc")
+    envs = find(manifests, "ConfigMap", f"{RELEASE}-otel-gpu-training-env")
+    assert sorted(m["metadata"]["namespace"] for m in envs) == sorted([NAMESPACE, "team-a", "team-b"])
+    for env in envs:
+        assert env["data"]["OTEL_EXPORTER_OTLP_ENDPOINT"] == f"http://{RELEASE}-otel-gpu-agent.{NAMESPACE}.svc:{grpc_port}"
+        assert env["data"]["OTEL_EXPORTER_OTLP_PROTOCOL"] == "grpc"
+        assert env["data"]["OTEL_GPU_WATCHDOG_S"] == "30"
+    for needle in (f"{RELEASE}-otel-gpu-training-env", "OTEL_GPU_JOB_ID", "OTEL_SERVICE_NAME", "otel-gpu run"):
+        assert needle in notes
+    http = render({"trainingEnv": {"protocol": "http/protobuf"}})[0]
+    env = one(http, "ConfigMap", f"{RELEASE}-otel-gpu-training-env")
+    assert env["data"]["OTEL_EXPORTER_OTLP_ENDPOINT"].endswith(":4318")
+
+
+def test_service_monitor_selects_the_metrics_ports():
+    manifests, _ = render(FULL_VALUES)
+    sm = one(manifests, "ServiceMonitor")
+    assert sm["apiVersion"] == "monitoring.coreos.com/v1"
+    assert sm["metadata"]["labels"]["release"] == "kps"
+    spec = sm["spec"]
+    assert set(spec) == {"selector", "namespaceSelector", "endpoints"}
+    assert spec["namespaceSelector"] == {"matchNames": [NAMESPACE]}
+    (ep,) = spec["endpoints"]
+    assert ep["port"] == "metrics" and ep["path"] == "/metrics"
+    assert ep["interval"] == "5s" and ep["scrapeTimeout"] == "4s"
+    selected = [s for s in find(manifests, "Service")
+                if spec["selector"]["matchLabels"].items() <= s["metadata"]["labels"].items()]
+    assert {s["metadata"]["name"] for s in selected} == {f"{RELEASE}-otel-gpu-agent", f"{RELEASE}-otel-gpu-aggregator"}
+    for s in selected:
+        assert any(p["name"] == "metrics" for p in s["spec"]["ports"])
+
+
+def test_bad_values_are_refused_by_the_schema():
+    with helm.Chart.load(str(CHART)) as chart:
+        with pytest.raises(helm.HelmError, match="portz"):
+            chart.render({"agent": {"portz": 1}}, name=RELEASE, namespace=NAMESPACE)
+        with pytest.raises(helm.HelmError, match="source"):
+            chart.render({"agent": {"receivers": {"xid": {"enabled": True, "source": "journal"}}}},
+                         name=RELEASE, namespace=NAMESPACE)
