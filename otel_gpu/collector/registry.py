@@ -14,6 +14,8 @@ BUILTIN: dict[str, dict[str, str]] = {
         "otlp": "otel_gpu.receivers.otlp",
     },
     "processor": {
+        "attribution": "otel_gpu.processors.attribution",
+        "goodput": "otel_gpu.processors.goodput",
     },
     "exporter": {
         "otlp": "otel_gpu.exporters.otlp",

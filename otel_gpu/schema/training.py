@@ -90,3 +90,11 @@ COLLECTIVE_DURATION = metric("otel_gpu.collective.duration", MetricType.HISTOGRA
                              "Collective durations, by op.", group=_G, attributes=(COLL_OP,))
 INSTR_DROPPED = metric("otel_gpu.instrumentation.dropped", MetricType.COUNTER, "{record}",
                        "Records the in-process ring buffer dropped because export could not keep up.", group=_G)
+
+# Per-step breakdown, computed in the training process and set on the step span: what separates a straggler's
+# compute from its peers' waiting in the collectives (DDP ranks all take the same step time).
+STEP_COLLECTIVE_S = attr("training.step.collective_time", "double", "Seconds of the step during which at least one "
+                         "collective of this rank was in flight (union of intervals).", group=_G)
+STEP_DATA_S = attr("training.step.data_time", "double", "Seconds of the step spent waiting for data.", group=_G)
+STEP_CHECKPOINT_S = attr("training.step.checkpoint_time", "double", "Seconds of the step spent in blocking "
+                         "checkpoint saves.", group=_G)

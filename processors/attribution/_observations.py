@@ -1,0 +1,126 @@
+"""What the attribution engine observes, decoded from OTLP by the processor; plain data, no OTLP types."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Identity", "Heartbeat", "Stacks", "ExceptionSeen", "ExitSeen", "StepSeen", "SpanSeen", "GpuSample",
+           "XidSeen", "NicSample"]
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who a training record came from (resource attributes)."""
+
+    job_id: str
+    rank: int
+    host: str | None = None
+    pid: int | None = None
+    local_rank: int | None = None
+    world_size: int | None = None
+    gpu: str | None = None  # CUDA device index (as text) when known
+    restart_count: int = 0
+
+
+@dataclass
+class Inflight:
+    kind: str  # "collective" | "data" | "checkpoint" | other
+    op: str | None
+    pg: str | None
+    seq: int | None
+    since: float
+    bytes: int | None = None
+
+
+@dataclass
+class Heartbeat:
+    who: Identity
+    time: float
+    step: int | None
+    state: str | None
+    inflight: Inflight | None
+    last_seq: dict[str, int] = field(default_factory=dict)
+    last_started_seq: dict[str, int] = field(default_factory=dict)
+    stack_top: str | None = None  # innermost frame of the main thread, when the heartbeat carries it
+
+
+@dataclass
+class Stacks:
+    who: Identity
+    time: float
+    top: str | None
+    frames: list[dict[str, Any]] = field(default_factory=list)  # main thread, outermost first
+
+
+@dataclass
+class ExceptionSeen:
+    who: Identity
+    time: float
+    type: str
+    message: str
+    hint: str | None
+    stack: str = ""
+
+
+@dataclass
+class ExitSeen:
+    who: Identity
+    time: float
+    code: int | None
+    signal: str | None
+
+
+@dataclass
+class StepSeen:
+    who: Identity
+    step: int
+    start: float
+    end: float
+    collective_s: float | None = None
+    data_s: float | None = None
+    checkpoint_s: float | None = None
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+
+@dataclass
+class SpanSeen:
+    """A data-wait or checkpoint span (kind "data" | "checkpoint_save" | "checkpoint_load" | "collective")."""
+
+    who: Identity
+    kind: str
+    start: float
+    end: float
+    step: int | None = None
+
+
+@dataclass
+class GpuSample:
+    host: str
+    gpu: str  # NVML index as text
+    time: float
+    uuid: str | None = None
+    clock_events: frozenset[str] | None = None  # active clock-event reasons, e.g. {"hw_thermal_slowdown"}
+    counters: dict[str, float] = field(default_factory=dict)  # cumulative: ecc_uncorrected, xid, nvlink_errors, ...
+    pids: tuple[int, ...] = ()
+
+
+@dataclass
+class XidSeen:
+    host: str
+    gpu: str | None
+    code: int
+    time: float
+    pci_bus_id: str | None = None
+    message: str = ""
+
+
+@dataclass
+class NicSample:
+    host: str
+    port: str  # "mlx5_0/1" or "eth0"
+    time: float
+    up: bool | None = None
+    counters: dict[str, float] = field(default_factory=dict)  # cumulative error counters by name

@@ -1,0 +1,39 @@
+"""Settings of the attribution processor, with their defaults."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["AttributionConfig"]
+
+
+@dataclass
+class AttributionConfig:
+    #: An operation in flight this long is a hang (raised to hang_step_factor x the median step time when steps are
+    #: slow). PyTorch's own watchdog waits 10 minutes (NCCL) or 30 (other backends).
+    hang_timeout_s: float = 15.0
+    hang_step_factor: float = 5.0
+    #: A rank silent this long while its peers wait is treated as gone.
+    heartbeat_timeout_s: float = 8.0
+    #: After the first sign of a crash, wait this long for the other ranks' reports before naming the first cause.
+    crash_settle_s: float = 1.2
+    #: A step slower than max(ratio x baseline, baseline + min_excess, baseline + 6 MAD) is slow; 3 of 4 make a
+    #: slowdown.
+    slowdown_ratio: float = 1.5
+    slowdown_min_excess_s: float = 0.05
+    slowdown_warmup_steps: int = 5
+    checkpoint_stall_s: float = 10.0
+    tick_interval_s: float = 0.5
+    #: host.name for hardware metrics that carry none (a single-node collector).
+    default_host: str = ""
+
+    def validate(self) -> None:
+        for key in ("hang_timeout_s", "heartbeat_timeout_s", "tick_interval_s", "checkpoint_stall_s"):
+            if getattr(self, key) <= 0:
+                raise ValueError(f"{key} must be > 0 (got {getattr(self, key)})")
+        if self.crash_settle_s < 0 or self.crash_settle_s > 2.5:
+            raise ValueError(f"crash_settle_s must be within 0..2.5 so a crash is named within 3 s "
+                             f"(got {self.crash_settle_s})")
+        if self.slowdown_ratio <= 1.0:
+            raise ValueError(f"slowdown_ratio must be > 1 (got {self.slowdown_ratio})")
+        if self.slowdown_warmup_steps < 0:
+            raise ValueError(f"slowdown_warmup_steps must be >= 0 (got {self.slowdown_warmup_steps})")

@@ -1,0 +1,476 @@
+"""The ``attribution`` processor: decodes what flows through the collector into observations for the engine, runs the
+engine on a clock, and emits failure records as a failure span, a failure event (for the store and log backends) and
+a failures counter, each into the pipelines of that signal that follow this processor.
+
+Batches pass through unchanged, except spans of a rank under an active slowdown or hang, which get the record's
+``failure.*`` attributes (so that a Jaeger/Tempo query for ``failure.kind=slowdown`` finds the slow steps).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from typing import Any
+
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import KeyValue
+from opentelemetry.proto.metrics.v1 import metrics_pb2
+from opentelemetry.proto.trace.v1 import trace_pb2
+
+from otel_gpu.component import Processor
+from otel_gpu.pdata import Batch, Signal
+from otel_gpu.processors.attribution._engine import Engine, EngineSettings
+from otel_gpu.processors.attribution._observations import (ExceptionSeen, ExitSeen, GpuSample, Heartbeat, Identity,
+                                                           Inflight, NicSample, SpanSeen, Stacks, StepSeen, XidSeen)
+from otel_gpu.processors.attribution._record import FailureRecord
+from otel_gpu.schema import failure as F
+from otel_gpu.schema import gpu as G
+from otel_gpu.schema import identity as I
+from otel_gpu.schema import nic as N
+from otel_gpu.schema import training as T
+
+__all__ = ["AttributionProcessor"]
+
+_logger = logging.getLogger(__name__)
+
+_SPAN_KINDS = {T.DATA_SPAN.name: "data", T.CKPT_SAVE_SPAN.name: "checkpoint_save",
+               T.CKPT_LOAD_SPAN.name: "checkpoint_load"}
+_TRAINING_EVENTS = {T.PROGRESS_EVENT.name, T.STACKS_EVENT.name, T.EXCEPTION_EVENT.name, T.EXIT_EVENT.name,
+                    T.SIGNAL_EVENT.name}
+_GPU_COUNTERS = {G.REMAP_FAILURE.name: "row_remap_failure", G.PCIE_REPLAY.name: "pcie_replay",
+                 G.NVLINK_ERRORS.name: "nvlink_errors", G.XID_ERRORS.name: "xid"}
+_NIC_ERRORS = {N.IB_ERRORS.name, N.ETH_ERRORS.name}
+_NIC_UP = {N.IB_UP.name, N.ETH_UP.name}
+
+
+def _value(any_value) -> Any:
+    kind = any_value.WhichOneof("value")
+    if kind is None:
+        return None
+    if kind == "array_value":
+        return [_value(v) for v in any_value.array_value.values]
+    if kind == "kvlist_value":
+        return {kv.key: _value(kv.value) for kv in any_value.kvlist_value.values}
+    return getattr(any_value, kind)
+
+
+def _attrs(kvs) -> dict[str, Any]:
+    return {kv.key: _value(kv.value) for kv in kvs}
+
+
+def _int(v: Any) -> int | None:
+    try:
+        return int(v) if v is not None and v != "" else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _identity(res: dict[str, Any]) -> Identity | None:
+    job, rank = res.get(str(I.JOB_ID)), _int(res.get(str(I.RANK)))
+    if job is None or rank is None:
+        return None
+    gpu = res.get(str(I.GPU_INDEX))
+    return Identity(job_id=str(job), rank=rank, host=res.get(str(I.HOST_NAME)), pid=_int(res.get(str(I.PROCESS_PID))),
+                    local_rank=_int(res.get(str(I.LOCAL_RANK))), world_size=_int(res.get(str(I.WORLD_SIZE))),
+                    gpu=None if gpu is None else str(gpu), restart_count=_int(res.get(str(I.RESTART_COUNT))) or 0)
+
+
+def _body_json(record) -> dict[str, Any]:
+    body = _value(record.body)
+    if isinstance(body, str):
+        try:
+            body = json.loads(body)
+        except ValueError:
+            return {}
+    return body if isinstance(body, dict) else {}
+
+
+def _seconds(nanos: int) -> float:
+    return nanos / 1e9
+
+
+class AttributionProcessor(Processor):
+    """Names the cause of crashes, hangs and slowdowns. See the package docstring for the configuration."""
+
+    def __init__(self, config, host):
+        super().__init__(config, host)
+        self.engine = Engine(EngineSettings(
+            hang_timeout_s=config.hang_timeout_s, hang_step_factor=config.hang_step_factor,
+            heartbeat_timeout_s=config.heartbeat_timeout_s, crash_settle_s=config.crash_settle_s,
+            slowdown_ratio=config.slowdown_ratio, slowdown_min_excess_s=config.slowdown_min_excess_s,
+            slowdown_warmup_steps=config.slowdown_warmup_steps, checkpoint_stall_s=config.checkpoint_stall_s))
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._records: list[FailureRecord] = []  # everything reported, newest last (bounded)
+        self._tagging: dict[tuple[str, int], FailureRecord] = {}  # (job, rank) -> active record to tag spans with
+        self._clock = time.time
+
+    # -- lifecycle -----------------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="otel-gpu-attribution", daemon=True)
+        self._thread.start()
+
+    def shutdown(self, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        self.tick()  # what was decided in the last moments still goes out
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.config.tick_interval_s):
+            try:
+                self.tick()
+            except Exception:  # noqa: BLE001 - the clock must keep running
+                self.host.log_once("tick", logging.ERROR, "attribution tick failed (logged once)", exc_info=True)
+
+    def tick(self, now: float | None = None) -> list[FailureRecord]:
+        now = self._clock() if now is None else now
+        with self._lock:
+            records = self.engine.tick(now)
+        for record in records:
+            self._publish(record)
+        return records
+
+    @property
+    def records(self) -> list[FailureRecord]:
+        with self._lock:
+            return list(self._records)
+
+    # -- input ---------------------------------------------------------------------------------------------------------
+    def process(self, batch: Batch) -> Batch | None:
+        now = self._clock()
+        with self._lock:
+            if batch.signal is Signal.LOGS:
+                self._logs(batch.message, now)
+            elif batch.signal is Signal.METRICS:
+                self._metrics(batch.message, now)
+            else:
+                if self._spans(batch.message, now) and self._tagging:
+                    self._tag(batch)
+        return batch
+
+    def _logs(self, request: ExportLogsServiceRequest, now: float) -> None:
+        for rl in request.resource_logs:
+            res = None
+            for sl in rl.scope_logs:
+                for record in sl.log_records:
+                    name = record.event_name
+                    if not name:
+                        continue
+                    if name == G.XID_EVENT.name:
+                        res = res if res is not None else _attrs(rl.resource.attributes)
+                        self._xid(record, res)
+                    elif name in _TRAINING_EVENTS:
+                        res = res if res is not None else _attrs(rl.resource.attributes)
+                        self._training_event(name, record, res, now)
+
+    def _training_event(self, name: str, record, res: dict[str, Any], now: float) -> None:
+        attrs = _attrs(record.attributes)
+        merged = {**res, **{k: v for k, v in attrs.items() if k in (str(I.JOB_ID), str(I.RANK))}}
+        who = _identity(merged)
+        if who is None:
+            return
+        t = _seconds(record.time_unix_nano or record.observed_time_unix_nano) or now
+        body = _body_json(record)
+        if name == T.PROGRESS_EVENT.name:
+            inflight = body.get("inflight")
+            infl = None
+            if isinstance(inflight, dict) and inflight.get("since") is not None:
+                infl = Inflight(kind=str(inflight.get("kind") or "collective"), op=inflight.get("op"),
+                                pg=None if inflight.get("pg") is None else str(inflight.get("pg")),
+                                seq=_int(inflight.get("seq")), since=float(inflight["since"]),
+                                bytes=_int(inflight.get("bytes")))
+            self.engine.observe_heartbeat(Heartbeat(
+                who, t, _int(body.get("step")), body.get("state"), infl,
+                {str(k): int(v) for k, v in (body.get("last_seq") or {}).items()},
+                {str(k): int(v) for k, v in (body.get("last_started_seq") or {}).items()},
+                body.get("stack_top")), now)
+        elif name == T.STACKS_EVENT.name:
+            frames: list[dict] = []
+            for thread in body.get("threads") or []:
+                if thread.get("main"):
+                    frames = list(thread.get("frames") or [])
+            self.engine.observe_stacks(Stacks(who, t, body.get("top"), frames), now)
+        elif name == T.EXCEPTION_EVENT.name:
+            self.engine.observe_exception(ExceptionSeen(
+                who, t, str(attrs.get(str(T.EXC_TYPE), "?")), str(attrs.get(str(T.EXC_MESSAGE), "")),
+                attrs.get(str(T.EXC_HINT)), str(attrs.get(str(T.EXC_STACK), ""))), now)
+        elif name == T.EXIT_EVENT.name:
+            signal_name = attrs.get(str(T.EXIT_SIGNAL))
+            self.engine.observe_exit(ExitSeen(who, t, _int(attrs.get(str(T.EXIT_CODE))), signal_name or None), now)
+
+    def _xid(self, record, res: dict[str, Any]) -> None:
+        attrs = _attrs(record.attributes)
+        host = self._host(res)
+        code = _int(attrs.get(str(G.XID_CODE)))
+        if code is None:
+            return
+        gpu = attrs.get(str(I.GPU_INDEX))
+        self.engine.observe_xid(XidSeen(host, None if gpu is None else str(gpu), code,
+                                        _seconds(record.time_unix_nano) or self._clock(),
+                                        attrs.get(str(I.GPU_PCI_BUS_ID))))
+
+    def _host(self, res: dict[str, Any]) -> str:
+        return str(res.get(str(I.HOST_NAME)) or self.config.default_host or os.uname().nodename)
+
+    def _metrics(self, request: ExportMetricsServiceRequest, now: float) -> None:
+        for rm in request.resource_metrics:
+            host = None
+            gpus: dict[str, GpuSample] = {}
+            ports: dict[str, NicSample] = {}
+            for sm in rm.scope_metrics:
+                for m in sm.metrics:
+                    name = m.name
+                    if name.startswith("gpu.") or name in (G.ECC_ERRORS.name,):
+                        host = host or self._host(_attrs(rm.resource.attributes))
+                        self._gpu_metric(host, m, gpus)
+                    elif name in _NIC_ERRORS or name in _NIC_UP:
+                        host = host or self._host(_attrs(rm.resource.attributes))
+                        self._nic_metric(host, m, ports)
+            for sample in gpus.values():
+                self.engine.observe_gpu(sample)
+            for sample in ports.values():
+                self.engine.observe_nic(sample)
+
+    @staticmethod
+    def _points(m):
+        kind = m.WhichOneof("data")
+        if kind in ("gauge", "sum"):
+            return getattr(m, kind).data_points
+        return ()
+
+    @staticmethod
+    def _num(point) -> float:
+        return point.as_double if point.WhichOneof("value") == "as_double" else float(point.as_int)
+
+    def _gpu_metric(self, host: str, m, gpus: dict[str, GpuSample]) -> None:
+        name = m.name
+        if name not in _GPU_COUNTERS and name not in (G.CLOCK_EVENT_ACTIVE.name, G.ECC_ERRORS.name,
+                                                      G.PROCESS_MEMORY.name):
+            return
+        for p in self._points(m):
+            attrs = _attrs(p.attributes)
+            index = attrs.get(str(I.GPU_INDEX))
+            if index is None:
+                continue
+            key = str(index)
+            t = _seconds(p.time_unix_nano) or self._clock()
+            sample = gpus.get(key)
+            if sample is None:
+                sample = gpus[key] = GpuSample(host, key, t, uuid=attrs.get(str(I.HW_ID)))
+            if name == G.CLOCK_EVENT_ACTIVE.name:
+                active = set(sample.clock_events or ())
+                if self._num(p) >= 1:
+                    active.add(str(attrs.get(str(G.CLOCK_EVENT_REASON))))
+                sample.clock_events = frozenset(active)
+            elif name == G.ECC_ERRORS.name:
+                if attrs.get(str(G.ERROR_TYPE)) == "uncorrected" and attrs.get(str(G.ECC_COUNTER)) != "aggregate":
+                    sample.counters["ecc_uncorrected"] = sample.counters.get("ecc_uncorrected", 0.0) + self._num(p)
+            elif name == G.PROCESS_MEMORY.name:
+                pid = _int(attrs.get(str(I.PROCESS_PID)))
+                if pid is not None:
+                    sample.pids = sample.pids + (pid,)
+            else:
+                counter = _GPU_COUNTERS[name]
+                sample.counters[counter] = sample.counters.get(counter, 0.0) + self._num(p)
+
+    def _nic_metric(self, host: str, m, ports: dict[str, NicSample]) -> None:
+        for p in self._points(m):
+            attrs = _attrs(p.attributes)
+            device = attrs.get(str(N.DEVICE))
+            if device is None:
+                continue
+            port_no = attrs.get(str(N.PORT))
+            key = f"{device}/{port_no}" if port_no is not None else str(device)
+            t = _seconds(p.time_unix_nano) or self._clock()
+            sample = ports.get(key)
+            if sample is None:
+                sample = ports[key] = NicSample(host, key, t)
+            if m.name in _NIC_UP:
+                sample.up = self._num(p) >= 1
+            else:
+                counter = attrs.get(str(N.COUNTER))
+                if counter:
+                    sample.counters[str(counter)] = self._num(p)
+
+    def _spans(self, request: ExportTraceServiceRequest, now: float) -> bool:
+        """Feeds step, data and checkpoint spans to the engine. Collective spans are only counted per step (their
+        time is what separates a straggler's compute from its peers' waiting)."""
+        seen_training = False
+        step_name, coll_name = T.STEP_SPAN.name, T.COLLECTIVE_SPAN.name
+        for rs in request.resource_spans:
+            who = None
+            for ss in rs.scope_spans:
+                for span in ss.spans:
+                    name = span.name
+                    if name == step_name:
+                        if who is None:
+                            who = _identity(_attrs(rs.resource.attributes))
+                            if who is None:
+                                break
+                        seen_training = True
+                        attrs = _attrs(span.attributes)
+                        step = _int(attrs.get(str(T.STEP)))
+                        if step is None:
+                            continue
+                        self.engine.observe_step(StepSeen(
+                            who, step, _seconds(span.start_time_unix_nano), _seconds(span.end_time_unix_nano),
+                            _float(attrs.get(str(T.STEP_COLLECTIVE_S))), _float(attrs.get(str(T.STEP_DATA_S))),
+                            _float(attrs.get(str(T.STEP_CHECKPOINT_S)))), now)
+                    elif name in _SPAN_KINDS:
+                        if who is None:
+                            who = _identity(_attrs(rs.resource.attributes))
+                            if who is None:
+                                break
+                        seen_training = True
+                        self.engine.observe_span(SpanSeen(who, _SPAN_KINDS[name], _seconds(span.start_time_unix_nano),
+                                                          _seconds(span.end_time_unix_nano)), now)
+                    elif name == coll_name:
+                        seen_training = True
+        return seen_training
+
+    # -- output --------------------------------------------------------------------------------------------------------
+    def _publish(self, record: FailureRecord) -> None:
+        history = self.host.services.get("failure_history")
+        if history is not None:
+            try:
+                record.recurrence = int(history.recurrence(record.signature))
+            except Exception:  # noqa: BLE001 - the store may be busy or gone; recurrence stays 0
+                self.host.log_once("history", logging.WARNING, "failure history unavailable", exc_info=True)
+        with self._lock:
+            self._records.append(record)
+            del self._records[:-1000]
+            if record.kind is not F.Kind.CRASH and record.culprit.rank is not None:
+                self._tagging[(record.job_id, record.culprit.rank)] = record
+        _logger.warning("failure: %s %s (%s) job=%s culprit=%s: %s", record.kind.value.upper(),
+                        record.root_cause.value, record.category.value, record.job_id,
+                        record.culprit.rank, record.summary)
+        if self.host.has_consumer(Signal.TRACES):
+            self.host.emit(Batch.from_message(Signal.TRACES, _failure_spans(record)))
+        if self.host.has_consumer(Signal.LOGS):
+            self.host.emit(Batch.from_message(Signal.LOGS, _failure_logs(record)))
+        if self.host.has_consumer(Signal.METRICS):
+            self.host.emit(Batch.from_message(Signal.METRICS, self._failure_metrics()))
+
+    def _failure_metrics(self) -> ExportMetricsServiceRequest:
+        counts: dict[tuple[str, str, str, str], int] = {}
+        with self._lock:
+            for r in self._records:
+                key = (r.job_id, r.kind.value, r.root_cause.value, r.category.value)
+                counts[key] = counts.get(key, 0) + 1
+        req = ExportMetricsServiceRequest()
+        now_ns = time.time_ns()
+        rm = req.resource_metrics.add()
+        sm = rm.scope_metrics.add()
+        sm.scope.name = "otel_gpu.processors.attribution"
+        metric = sm.metrics.add(name=F.FAILURES.name, unit=F.FAILURES.unit, description=F.FAILURES.description)
+        metric.sum.is_monotonic = True
+        metric.sum.aggregation_temporality = metrics_pb2.AGGREGATION_TEMPORALITY_CUMULATIVE
+        for (job, kind, cause, category), n in counts.items():
+            p = metric.sum.data_points.add(time_unix_nano=now_ns, as_int=n)
+            _kv(p.attributes, str(I.JOB_ID), job)
+            _kv(p.attributes, str(F.KIND), kind)
+            _kv(p.attributes, str(F.ROOT_CAUSE), cause)
+            _kv(p.attributes, str(F.CATEGORY), category)
+        return req
+
+    def _tag(self, batch: Batch) -> None:
+        """Adds failure.* attributes to the spans of ranks under an active slowdown or hang."""
+        request = batch.message
+        targets = []
+        for i, rs in enumerate(request.resource_spans):
+            who = _identity(_attrs(rs.resource.attributes))
+            if who is not None and (who.job_id, who.rank) in self._tagging:
+                targets.append((i, self._tagging[(who.job_id, who.rank)]))
+        if not targets:
+            return
+        request = batch.mutable()
+        for i, record in targets:
+            kvs = _failure_kvs(record)
+            for ss in request.resource_spans[i].scope_spans:
+                for span in ss.spans:
+                    if span.end_time_unix_nano >= int(record.onset_time * 1e9):
+                        span.attributes.extend(kvs)
+
+
+def _float(v: Any) -> float | None:
+    try:
+        return float(v) if v is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _kv(target, key: str, value: Any) -> None:
+    kv = target.add(key=key)
+    if isinstance(value, bool):
+        kv.value.bool_value = value
+    elif isinstance(value, int):
+        kv.value.int_value = value
+    elif isinstance(value, float):
+        kv.value.double_value = value
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            kv.value.array_value.values.add(string_value=str(item))
+    else:
+        kv.value.string_value = str(value)
+
+
+def _failure_kvs(record: FailureRecord) -> list[KeyValue]:
+    holder = trace_pb2.Span()
+    pairs: list[tuple[str, Any]] = [
+        (str(F.KIND), record.kind.value), (str(F.ROOT_CAUSE), record.root_cause.value),
+        (str(F.CATEGORY), record.category.value), (str(F.ACTION), record.action.value),
+        (str(F.AUTO_REMEDIABLE), bool(record.auto_remediable)), (str(F.JOB_ID), record.job_id),
+        (str(F.ONSET_TIME), float(record.onset_time)), (str(F.DETECTED_TIME), float(record.detected_time)),
+        (str(F.CONFIDENCE), float(record.confidence)), (str(F.EVIDENCE), list(record.evidence)),
+        (str(F.SIGNATURE), record.signature), (str(F.RECURRENCE), int(record.recurrence))]
+    if record.culprit.rank is not None:
+        pairs.append((str(F.CULPRIT_RANK), int(record.culprit.rank)))
+    if record.culprit.host is not None:
+        pairs.append((str(F.CULPRIT_HOST), record.culprit.host))
+    if record.culprit.gpu is not None:
+        pairs.append((str(F.CULPRIT_GPU), str(record.culprit.gpu)))
+    if record.details.get("xid") is not None:
+        pairs.append((str(F.XID), int(record.details["xid"])))
+    for key, value in pairs:
+        _kv(holder.attributes, key, value)
+    return list(holder.attributes)
+
+
+def _resource(record: FailureRecord, target) -> None:
+    _kv(target.attributes, str(I.SERVICE_NAME), "otel-gpu")
+    _kv(target.attributes, str(I.JOB_ID), record.job_id)
+
+
+def _failure_spans(record: FailureRecord) -> ExportTraceServiceRequest:
+    req = ExportTraceServiceRequest()
+    rs = req.resource_spans.add()
+    _resource(record, rs.resource)
+    ss = rs.scope_spans.add()
+    ss.scope.name = "otel_gpu.processors.attribution"
+    span = ss.spans.add(name=F.FAILURE_SPAN.name, kind=trace_pb2.Span.SPAN_KIND_INTERNAL,
+                        trace_id=os.urandom(16), span_id=os.urandom(8),
+                        start_time_unix_nano=int(record.onset_time * 1e9),
+                        end_time_unix_nano=int(max(record.detected_time, record.onset_time) * 1e9))
+    span.attributes.extend(_failure_kvs(record))
+    span.status.code = trace_pb2.Status.STATUS_CODE_ERROR
+    span.status.message = record.summary[:500]
+    return req
+
+
+def _failure_logs(record: FailureRecord) -> ExportLogsServiceRequest:
+    req = ExportLogsServiceRequest()
+    rl = req.resource_logs.add()
+    _resource(record, rl.resource)
+    sl = rl.scope_logs.add()
+    sl.scope.name = "otel_gpu.processors.attribution"
+    log = sl.log_records.add(time_unix_nano=int(record.detected_time * 1e9), observed_time_unix_nano=time.time_ns(),
+                             severity_number=17, severity_text="ERROR", event_name=F.FAILURE_EVENT.name)
+    log.body.string_value = record.to_json()
+    log.attributes.extend(_failure_kvs(record))
+    return req
