@@ -1,0 +1,199 @@
+"""The ``goodput`` processor: accounts each job's wall time into productive step time and badput buckets, and emits
+ETTR and badput as live metrics and as an ``otel_gpu.goodput`` event (what the store and ``otel-gpu report`` show).
+
+Place it after ``attribution`` in the logs pipeline so that it sees failure events (hang time, wasted progress).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from typing import Any
+
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+from opentelemetry.proto.metrics.v1 import metrics_pb2
+
+from otel_gpu.component import Processor
+from otel_gpu.pdata import Batch, Signal
+from otel_gpu.processors.goodput._ledger import JobLedger
+from otel_gpu.schema import failure as F
+from otel_gpu.schema import identity as I
+from otel_gpu.schema import training as T
+
+__all__ = ["GoodputProcessor"]
+
+_logger = logging.getLogger(__name__)
+_CKPT = {T.CKPT_SAVE_SPAN.name: "save", T.CKPT_LOAD_SPAN.name: "load"}
+
+
+def _job_of(resource) -> tuple[str | None, int]:
+    job, restarts = None, 0
+    for kv in resource.attributes:
+        if kv.key == str(I.JOB_ID):
+            job = kv.value.string_value or None
+        elif kv.key == str(I.RESTART_COUNT):
+            restarts = int(kv.value.int_value)
+    return job, restarts
+
+
+def _attr(span, key: str, default: Any = None) -> Any:
+    for kv in span.attributes:
+        if kv.key == key:
+            which = kv.value.WhichOneof("value")
+            return getattr(kv.value, which) if which else default
+    return default
+
+
+class GoodputProcessor(Processor):
+    def __init__(self, config, host):
+        super().__init__(config, host)
+        self._jobs: dict[str, JobLedger] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="otel-gpu-goodput", daemon=True)
+        self._thread.start()
+
+    def shutdown(self, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        self.report()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.config.report_interval_s):
+            try:
+                self.report()
+            except Exception:  # noqa: BLE001
+                self.host.log_once("report", logging.ERROR, "goodput report failed (logged once)", exc_info=True)
+
+    def _ledger(self, job: str, t: float, restarts: int) -> JobLedger:
+        ledger = self._jobs.get(job)
+        if ledger is None:
+            if len(self._jobs) >= self.config.max_jobs:
+                del self._jobs[min(self._jobs.values(), key=lambda j: j.last_seen).job_id]
+            ledger = self._jobs[job] = JobLedger(job, t, t, restarts)
+        ledger.touch(t, restarts)
+        return ledger
+
+    def summaries(self, now: float | None = None) -> list[dict]:
+        with self._lock:
+            return [j.summary(now) for j in self._jobs.values()]
+
+    def process(self, batch: Batch) -> Batch | None:
+        msg = batch.message
+        with self._lock:
+            if batch.signal is Signal.TRACES:
+                self._spans(msg)
+            elif batch.signal is Signal.LOGS:
+                self._logs(msg)
+            else:
+                for rm in msg.resource_metrics:
+                    job, restarts = _job_of(rm.resource)
+                    if job is not None:
+                        self._ledger(job, time.time(), restarts)
+        return batch
+
+    def _spans(self, msg) -> None:
+        step_name = T.STEP_SPAN.name
+        for rs in msg.resource_spans:
+            job, restarts = _job_of(rs.resource)
+            if job is None:
+                continue
+            ledger = None
+            for ss in rs.scope_spans:
+                for span in ss.spans:
+                    start, end = span.start_time_unix_nano / 1e9, span.end_time_unix_nano / 1e9
+                    if ledger is None:
+                        ledger = self._ledger(job, start, restarts)
+                    ledger.touch(end, restarts)
+                    if span.name == step_name:
+                        step = _attr(span, str(T.STEP))
+                        if step is not None:
+                            ledger.step(int(step), start, end, float(_attr(span, str(T.STEP_DATA_S), 0.0) or 0.0),
+                                        float(_attr(span, str(T.STEP_CHECKPOINT_S), 0.0) or 0.0),
+                                        self.config.slowdown_ratio)
+                    elif span.name in _CKPT:
+                        # A save inside a step span is already in that step's checkpoint_time.
+                        ledger.checkpoint(_CKPT[span.name], start, end, inside_step=False)
+
+    def _logs(self, msg) -> None:
+        for rl in msg.resource_logs:
+            job, restarts = _job_of(rl.resource)
+            for sl in rl.scope_logs:
+                for record in sl.log_records:
+                    t = (record.time_unix_nano or record.observed_time_unix_nano) / 1e9 or time.time()
+                    if record.event_name == F.FAILURE_EVENT.name:
+                        try:
+                            body = json.loads(record.body.string_value)
+                        except ValueError:
+                            continue
+                        fjob = body.get("job_id") or job
+                        if fjob:
+                            ledger = self._ledger(fjob, t, restarts if fjob == job else 0)
+                            ledger.failure(str(body.get("kind")), float(body.get("onset_time") or t),
+                                           float(body.get("detected_time") or t))
+                    elif job is not None and record.event_name:
+                        self._ledger(job, t, restarts)
+
+    def report(self) -> None:
+        now = time.time()
+        with self._lock:
+            for job in [j for j in self._jobs.values() if j.last_seen < now - self.config.job_idle_s]:
+                del self._jobs[job.job_id]
+            summaries = [j.summary(now) for j in self._jobs.values()]
+        if not summaries:
+            return
+        if self.host.has_consumer(Signal.METRICS):
+            self.host.emit(Batch.from_message(Signal.METRICS, _metrics(summaries)))
+        if self.host.has_consumer(Signal.LOGS):
+            self.host.emit(Batch.from_message(Signal.LOGS, _events(summaries)))
+
+
+def _kv(target, key: str, value: str) -> None:
+    target.add(key=key).value.string_value = value
+
+
+def _metrics(summaries: list[dict]) -> ExportMetricsServiceRequest:
+    req = ExportMetricsServiceRequest()
+    now = time.time_ns()
+    for s in summaries:
+        rm = req.resource_metrics.add()
+        _kv(rm.resource.attributes, str(I.JOB_ID), s["job_id"])
+        _kv(rm.resource.attributes, str(I.SERVICE_NAME), "otel-gpu")
+        sm = rm.scope_metrics.add()
+        sm.scope.name = "otel_gpu.processors.goodput"
+        if s["ettr"] is not None:
+            m = sm.metrics.add(name=F.ETTR.name, unit=F.ETTR.unit, description=F.ETTR.description)
+            m.gauge.data_points.add(time_unix_nano=now, as_double=s["ettr"])
+        for metric, value in ((F.PRODUCTIVE_TIME, s["productive_time_s"]), (F.WALL_TIME, s["wall_time_s"])):
+            m = sm.metrics.add(name=metric.name, unit=metric.unit, description=metric.description)
+            m.sum.is_monotonic = True
+            m.sum.aggregation_temporality = metrics_pb2.AGGREGATION_TEMPORALITY_CUMULATIVE
+            m.sum.data_points.add(time_unix_nano=now, as_double=value)
+        m = sm.metrics.add(name=F.BADPUT.name, unit=F.BADPUT.unit, description=F.BADPUT.description)
+        m.sum.is_monotonic = True
+        m.sum.aggregation_temporality = metrics_pb2.AGGREGATION_TEMPORALITY_CUMULATIVE
+        for bucket, seconds in s["badput_s"].items():
+            p = m.sum.data_points.add(time_unix_nano=now, as_double=seconds)
+            _kv(p.attributes, str(F.BADPUT_BUCKET), bucket)
+    return req
+
+
+def _events(summaries: list[dict]) -> ExportLogsServiceRequest:
+    req = ExportLogsServiceRequest()
+    now = time.time_ns()
+    for s in summaries:
+        rl = req.resource_logs.add()
+        _kv(rl.resource.attributes, str(I.JOB_ID), s["job_id"])
+        _kv(rl.resource.attributes, str(I.SERVICE_NAME), "otel-gpu")
+        sl = rl.scope_logs.add()
+        sl.scope.name = "otel_gpu.processors.goodput"
+        log = sl.log_records.add(time_unix_nano=now, observed_time_unix_nano=now, severity_number=9,
+                                 severity_text="INFO", event_name=F.GOODPUT_EVENT.name)
+        log.body.string_value = json.dumps(s)
+    return req
