@@ -1,0 +1,29 @@
+"""Settings of the ``store`` exporter."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["StoreExporterConfig"]
+
+
+@dataclass
+class StoreExporterConfig:
+    """Where the store lives and how much it keeps."""
+
+    path: str = "./otel-gpu-data"
+    queue_size: int = 10_000  # records waiting for the writer thread; beyond it new ones are dropped and counted
+    max_failures: int = 100_000  # newest failure records kept
+    max_age_days: float = 90.0  # failures, goodput and jobs older than this are deleted
+    max_goodput_history: int = 100_000  # past goodput summaries kept (the latest per job is always kept)
+    flush_interval_s: float = 1.0  # how often job sightings are written
+    retention_interval_s: float = 60.0  # how often retention runs
+
+    def validate(self) -> None:
+        if not self.path:
+            raise ValueError("path must not be empty (e.g. ./otel-gpu-data)")
+        for key in ("queue_size", "max_failures", "max_goodput_history"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"{key} must be >= 1 (got {getattr(self, key)})")
+        for key in ("max_age_days", "flush_interval_s", "retention_interval_s"):
+            if not getattr(self, key) > 0:
+                raise ValueError(f"{key} must be > 0 (got {getattr(self, key)})")

@@ -1,0 +1,203 @@
+"""The embedded store's SQLite file: schema, migrations and the queries ``otel-gpu report`` runs.
+
+One file, ``<path>/otel-gpu.db``, in WAL mode so that readers (the report, the failure-history service) never wait
+for the writer. The ``schema_version`` table records the layout; :func:`open_writer` migrates an older file forward
+and refuses a newer one.
+
+Example:
+    >>> import tempfile
+    >>> from contextlib import closing
+    >>> folder = tempfile.mkdtemp()
+    >>> open_writer(folder).close()
+    >>> with closing(open_reader(folder)) as conn:
+    ...     failures(conn), jobs(conn)
+    ([], [])
+"""
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+__all__ = ["DB_FILE", "SCHEMA_VERSION", "StoreMissing", "StoreTooNew", "db_path", "open_writer", "open_reader",
+           "failures", "goodput", "latest_goodput", "jobs", "failure_count"]
+
+DB_FILE = "otel-gpu.db"
+SCHEMA_VERSION = 1
+
+# Each entry migrates from version i to i + 1 (index 0: empty file -> 1). Append; never edit a shipped step.
+_MIGRATIONS: list[tuple[str, ...]] = [
+    (
+        """CREATE TABLE failures (
+               id INTEGER PRIMARY KEY AUTOINCREMENT,
+               kind TEXT, root_cause TEXT, job_id TEXT, signature TEXT,
+               detected_time REAL, received_time REAL NOT NULL,
+               record TEXT NOT NULL)""",
+        "CREATE INDEX failures_kind ON failures(kind)",
+        "CREATE INDEX failures_root_cause ON failures(root_cause)",
+        "CREATE INDEX failures_job ON failures(job_id)",
+        "CREATE INDEX failures_signature ON failures(signature)",
+        "CREATE INDEX failures_detected ON failures(detected_time)",
+        """CREATE TABLE goodput (
+               job_id TEXT PRIMARY KEY, updated_time REAL NOT NULL, summary TEXT NOT NULL)""",
+        """CREATE TABLE goodput_history (
+               id INTEGER PRIMARY KEY AUTOINCREMENT, job_id TEXT NOT NULL, received_time REAL NOT NULL,
+               summary TEXT NOT NULL)""",
+        "CREATE INDEX goodput_history_job ON goodput_history(job_id, id)",
+        """CREATE TABLE jobs (
+               job_id TEXT PRIMARY KEY, first_seen REAL NOT NULL, last_seen REAL NOT NULL, world_size INTEGER)""",
+        "CREATE TABLE job_ranks (job_id TEXT NOT NULL, rank INTEGER NOT NULL, PRIMARY KEY (job_id, rank)) WITHOUT ROWID",
+        "CREATE TABLE job_hosts (job_id TEXT NOT NULL, host TEXT NOT NULL, PRIMARY KEY (job_id, host)) WITHOUT ROWID",
+    ),
+]
+assert len(_MIGRATIONS) == SCHEMA_VERSION
+
+
+class StoreMissing(FileNotFoundError):
+    """No store at the given folder."""
+
+
+class StoreTooNew(RuntimeError):
+    """The file was written by a newer otel-gpu (a higher schema version)."""
+
+
+def db_path(folder: str | Path) -> Path:
+    return Path(folder) / DB_FILE
+
+
+def _version(conn: sqlite3.Connection) -> int:
+    row = conn.execute("SELECT name FROM sqlite_master WHERE type='table' AND name='schema_version'").fetchone()
+    if row is None:
+        return 0
+    row = conn.execute("SELECT max(version) FROM schema_version").fetchone()
+    return int(row[0] or 0)
+
+
+def open_writer(folder: str | Path) -> sqlite3.Connection:
+    """Creates the folder and file if needed, migrates to :data:`SCHEMA_VERSION`; for the writer thread.
+
+    Raises:
+        StoreTooNew: the file has a higher schema version than this otel-gpu knows.
+    """
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    conn = sqlite3.connect(db_path(folder), timeout=10.0, isolation_level=None, check_same_thread=False)
+    try:
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable at checkpoints, never corrupt
+        conn.execute("BEGIN IMMEDIATE")
+        version = _version(conn)
+        if version > SCHEMA_VERSION:
+            raise StoreTooNew(f"{db_path(folder)} has store schema version {version}, newer than this otel-gpu "
+                              f"understands ({SCHEMA_VERSION}); upgrade otel-gpu or use another store path")
+        if version == 0:
+            conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+        for step in _MIGRATIONS[version:]:
+            for statement in step:
+                conn.execute(statement)
+        if version < SCHEMA_VERSION:
+            conn.execute("DELETE FROM schema_version")
+            conn.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        conn.close()
+        raise
+    return conn
+
+
+def open_reader(folder: str | Path) -> sqlite3.Connection:
+    """A read-only connection (works while a collector writes: WAL readers never block the writer).
+
+    Raises:
+        StoreMissing: no store file in ``folder``.
+        StoreTooNew: the file has a higher schema version than this otel-gpu knows.
+    """
+    path = db_path(folder)
+    if not path.is_file():
+        raise StoreMissing(f"no otel-gpu store at {Path(folder)} (expected {path}); run `otel-gpu collector` with a "
+                           "store exporter, or pass --store DIR")
+    conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=10.0, check_same_thread=False)
+    try:
+        version = _version(conn)
+    except sqlite3.DatabaseError:
+        conn.close()
+        raise
+    if version > SCHEMA_VERSION:
+        conn.close()
+        raise StoreTooNew(f"{path} has store schema version {version}, newer than this otel-gpu understands "
+                          f"({SCHEMA_VERSION}); upgrade otel-gpu")
+    return conn
+
+
+def _has_tables(conn: sqlite3.Connection) -> bool:
+    return _version(conn) >= 1
+
+
+def failures(conn: sqlite3.Connection, job_id: str | None = None, limit: int | None = None) -> list[dict[str, Any]]:
+    """Failure records, newest first (by detection time)."""
+    if not _has_tables(conn):
+        return []
+    sql = "SELECT record FROM failures"
+    args: list[Any] = []
+    if job_id is not None:
+        sql += " WHERE job_id = ?"
+        args.append(job_id)
+    sql += " ORDER BY coalesce(detected_time, received_time) DESC, id DESC"
+    if limit is not None and limit >= 0:
+        sql += " LIMIT ?"
+        args.append(limit)
+    return [json.loads(row[0]) for row in conn.execute(sql, args)]
+
+
+def failure_count(conn: sqlite3.Connection, signature: str | None = None) -> int:
+    if not _has_tables(conn):
+        return 0
+    if signature is None:
+        return conn.execute("SELECT count(*) FROM failures").fetchone()[0]
+    return conn.execute("SELECT count(*) FROM failures WHERE signature = ?", (signature,)).fetchone()[0]
+
+
+def goodput(conn: sqlite3.Connection, job_id: str) -> dict[str, Any] | None:
+    """The latest goodput summary of a job, or None."""
+    if not _has_tables(conn):
+        return None
+    row = conn.execute("SELECT summary FROM goodput WHERE job_id = ?", (job_id,)).fetchone()
+    return json.loads(row[0]) if row else None
+
+
+def latest_goodput(conn: sqlite3.Connection) -> dict[str, Any] | None:
+    """The most recently updated job's goodput summary, or None."""
+    if not _has_tables(conn):
+        return None
+    row = conn.execute("SELECT summary FROM goodput ORDER BY updated_time DESC LIMIT 1").fetchone()
+    return json.loads(row[0]) if row else None
+
+
+def goodput_history(conn: sqlite3.Connection, job_id: str, limit: int = 100) -> list[dict[str, Any]]:
+    """Past goodput summaries of a job, newest first."""
+    if not _has_tables(conn):
+        return []
+    rows = conn.execute("SELECT summary FROM goodput_history WHERE job_id = ? ORDER BY id DESC LIMIT ?",
+                        (job_id, limit))
+    return [json.loads(r[0]) for r in rows]
+
+
+def jobs(conn: sqlite3.Connection, job_id: str | None = None) -> list[dict[str, Any]]:
+    """Jobs seen, most recently active first: {job_id, first_seen, last_seen, ranks, hosts, world_size, goodput}."""
+    if not _has_tables(conn):
+        return []
+    sql = """SELECT j.job_id, j.first_seen, j.last_seen, j.world_size,
+                    (SELECT count(*) FROM job_ranks r WHERE r.job_id = j.job_id),
+                    (SELECT count(*) FROM job_hosts h WHERE h.job_id = j.job_id),
+                    g.summary
+             FROM jobs j LEFT JOIN goodput g ON g.job_id = j.job_id"""
+    args: tuple[Any, ...] = ()
+    if job_id is not None:
+        sql += " WHERE j.job_id = ?"
+        args = (job_id,)
+    sql += " ORDER BY j.last_seen DESC"
+    return [{"job_id": jid, "first_seen": first, "last_seen": last, "ranks": ranks, "hosts": hosts,
+             "world_size": world, "goodput": json.loads(summary) if summary else None}
+            for jid, first, last, world, ranks, hosts, summary in conn.execute(sql, args)]

@@ -1,0 +1,230 @@
+"""``otel-gpu report``: the failures the collector attributed, and goodput, read from the embedded store.
+
+Reads the store read-only, so it works while a collector is writing to it.
+
+Example:
+    otel-gpu report                              # ./otel-gpu-data, text
+    otel-gpu report --store /var/lib/otel-gpu --format json --job my-job --limit 10
+
+    >>> import argparse, tempfile
+    >>> from otel_gpu.exporters.store import db
+    >>> folder = tempfile.mkdtemp(); db.open_writer(folder).close()
+    >>> main(argparse.Namespace(store=folder, format="text", job=None, limit=50))
+    no failures recorded
+    goodput: no data
+    0
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sqlite3
+import sys
+from typing import Any, TextIO
+
+from otel_gpu.exporters.store import db
+
+__all__ = ["build_report", "format_text", "main"]
+
+_SUMMARY_KEYS = ("summary", "message", "description", "explanation", "title")
+
+
+def build_report(store: str, job_id: str | None = None, limit: int | None = 50) -> dict[str, Any]:
+    """The report as a JSON-ready dict: ``{"failures": [...], "goodput": {...} | None, "jobs": [...]}``.
+
+    ``goodput`` is the selected job's latest summary, or (no job selected) the most recently updated job's.
+
+    Raises:
+        db.StoreMissing: no store at ``store``.
+        db.StoreTooNew: written by a newer otel-gpu.
+        sqlite3.Error: the file is not a readable store.
+    """
+    conn = db.open_reader(store)
+    try:
+        conn.execute("BEGIN")  # one snapshot for every query
+        failures = db.failures(conn, job_id, limit)
+        goodput = db.goodput(conn, job_id) if job_id is not None else db.latest_goodput(conn)
+        jobs = db.jobs(conn, job_id)
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
+    return {"failures": failures, "goodput": goodput,
+            "jobs": [{k: j[k] for k in ("job_id", "first_seen", "last_seen", "ranks", "hosts", "world_size",
+                                        "goodput")} for j in jobs]}
+
+
+# -- text ----------------------------------------------------------------------------------------------------------
+def _time(t: Any) -> str:
+    try:
+        return datetime.datetime.fromtimestamp(float(t)).astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")
+    except (TypeError, ValueError, OverflowError, OSError):
+        return "unknown time"
+
+
+def _seconds(s: float) -> str:
+    if s < 120:
+        return f"{s:.1f} s"
+    if s < 7200:
+        return f"{s / 60:.1f} min"
+    return f"{s / 3600:.1f} h"
+
+
+def _num(value: Any) -> float | None:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _culprit(culprit: Any) -> str:
+    if not isinstance(culprit, dict):
+        return str(culprit) if culprit not in (None, "") else ""
+    parts = []
+    if culprit.get("rank") is not None:
+        parts.append(f"rank {culprit['rank']}")
+    if culprit.get("host"):
+        parts.append(f"host {culprit['host']}")
+    if culprit.get("gpu") not in (None, ""):
+        parts.append(f"GPU {culprit['gpu']}")
+    return ", ".join(parts)
+
+
+def _summary(record: dict[str, Any]) -> str:
+    for key in _SUMMARY_KEYS:
+        if isinstance(record.get(key), str) and record[key].strip():
+            return record[key].strip()
+    who = _culprit(record.get("culprit"))
+    cause = str(record.get("root_cause") or "unknown cause").replace("_", " ")
+    if record.get("xid") is not None:
+        cause += f" (XID {record['xid']})"
+    return f"{cause} on {who}" if who else cause
+
+
+def _evidence(item: Any, onset: float | None) -> str:
+    if not isinstance(item, dict):
+        return str(item)
+    name = item.get("metric") or item.get("signal") or item.get("name") or ""
+    text = f"{name} = {item['value']}" if "value" in item else str(name)
+    extra = {k: v for k, v in item.items() if k not in ("metric", "signal", "name", "value", "time")}
+    if extra:
+        text += " (" + ", ".join(f"{k} {v}" for k, v in extra.items()) + ")"
+    t = _num(item.get("time"))
+    if t is not None:
+        text += f" at {t - onset:+.1f} s from onset" if onset is not None else f" at {_time(t)}"
+    return text.strip() or json.dumps(item)
+
+
+def _headline(record: dict[str, Any]) -> str:
+    kind = str(record.get("kind") or "failure").upper()
+    job = record.get("job_id") or "unknown job"
+    cause = ", ".join(str(x) for x in (record.get("root_cause"), record.get("category")) if x)
+    line = f"{kind} in job {job}: {_summary(record)}"
+    if cause:
+        line += f" ({cause})"
+    if record.get("action"):
+        line += f" -> action: {record['action']}"
+    tail = []
+    confidence = _num(record.get("confidence"))
+    if confidence is not None:
+        tail.append(f"confidence {confidence:.2g}")
+    onset, detected = _num(record.get("onset_time")), _num(record.get("detected_time"))
+    if onset is not None and detected is not None:
+        tail.append(f"detected {_seconds(max(0.0, detected - onset))} after onset")
+    return line + ("; " + "; ".join(tail) if tail else "")
+
+
+def _failure_lines(record: dict[str, Any]) -> list[str]:
+    lines = [_headline(record)]
+    onset, detected = _num(record.get("onset_time")), _num(record.get("detected_time"))
+    if detected is not None:
+        lines.append(f"  detected: {_time(detected)}" + (f" (onset {_time(onset)})" if onset is not None else ""))
+    who = _culprit(record.get("culprit"))
+    lines.append(f"  culprit: {who or 'not identified'}")
+    if record.get("auto_remediable") is not None:
+        lines.append(f"  auto-remediable: {'yes' if record['auto_remediable'] else 'no'}")
+    evidence = record.get("evidence") or []
+    if isinstance(evidence, (str, dict)):
+        evidence = [evidence]
+    if evidence:
+        lines.append("  evidence:")
+        lines.extend(f"    - {_evidence(item, onset)}" for item in evidence)
+    recurrence = record.get("recurrence")
+    if isinstance(recurrence, (int, float)) and not isinstance(recurrence, bool):
+        n = int(recurrence)
+        seen = "first time seen" if n <= 0 else f"seen {n} time{'s' if n != 1 else ''} before"
+        sig = f" (signature {record['signature']})" if record.get("signature") else ""
+        lines.append(f"  recurrence: {seen}{sig}")
+    return lines
+
+
+def _goodput_lines(goodput: dict[str, Any] | None, title: str = "goodput") -> list[str]:
+    if not goodput:
+        return [f"{title}: no data"]
+    ettr = _num(goodput.get("ettr"))
+    head = f"{title} (job {goodput.get('job_id') or 'unknown'}): ETTR "
+    head += f"{ettr * 100:.1f}%" if ettr is not None else "unknown"
+    wall, productive = _num(goodput.get("wall_time_s")), _num(goodput.get("productive_time_s"))
+    if wall is not None and productive is not None:
+        head += f" (productive {_seconds(productive)} of {_seconds(wall)} wall time)"
+    lines = [head]
+    badput = goodput.get("badput_s") or {}
+    buckets = sorted(((str(k), v) for k, v in badput.items() if _num(v)), key=lambda kv: -float(kv[1]))
+    if buckets:
+        lines.append("  badput:")
+        width = max(len(k) for k, _ in buckets)
+        for name, seconds in buckets:
+            share = f"  {float(seconds) / wall * 100:5.1f}% of wall time" if wall else ""
+            lines.append(f"    {name:<{width}}  {_seconds(float(seconds)):>9}{share}")
+    return lines
+
+
+def format_text(report: dict[str, Any]) -> str:
+    """What a person wants to read: each failure with its cause, culprit and evidence; then goodput and jobs."""
+    lines: list[str] = []
+    failures = report["failures"]
+    if not failures:
+        lines.append("no failures recorded")
+    else:
+        lines.append(f"{len(failures)} failure{'s' if len(failures) != 1 else ''} (newest first)")
+        for record in failures:
+            lines.append("")
+            lines.extend(_failure_lines(record))
+        lines.append("")
+    lines.extend(_goodput_lines(report["goodput"]))
+    jobs = report["jobs"]
+    if jobs:
+        lines.append("")
+        lines.append("jobs:")
+        for job in jobs:
+            world = f" of {job['world_size']}" if job.get("world_size") else ""
+            ettr = _num((job.get("goodput") or {}).get("ettr"))
+            lines.append(f"  {job['job_id']}: {job['ranks']} rank{'s' if job['ranks'] != 1 else ''}{world} on "
+                         f"{job['hosts']} host{'s' if job['hosts'] != 1 else ''}, seen {_time(job['first_seen'])} "
+                         f"to {_time(job['last_seen'])}" + (f", ETTR {ettr * 100:.1f}%" if ettr is not None else ""))
+    return "\n".join(lines) + "\n"
+
+
+def main(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    """Entry point of ``otel-gpu report``; returns the exit status (0 ok, 1 no readable store)."""
+    out = out or sys.stdout
+    err = err or sys.stderr
+    store = getattr(args, "store", None) or "./otel-gpu-data"
+    limit = getattr(args, "limit", 50)
+    try:
+        report = build_report(store, getattr(args, "job", None), None if limit is None or limit < 0 else limit)
+    except db.StoreMissing as exc:
+        print(f"otel-gpu report: {exc}", file=err)
+        return 1
+    except db.StoreTooNew as exc:
+        print(f"otel-gpu report: {exc}", file=err)
+        return 1
+    except sqlite3.Error as exc:
+        print(f"otel-gpu report: cannot read the store at {store}: {exc}", file=err)
+        return 1
+    if getattr(args, "format", "text") == "json":
+        json.dump(report, out, indent=2, sort_keys=False)
+        out.write("\n")
+    else:
+        out.write(format_text(report))
+    return 0
