@@ -199,9 +199,14 @@ def format_text(report: dict[str, Any]) -> str:
         for job in jobs:
             world = f" of {job['world_size']}" if job.get("world_size") else ""
             ettr = _num((job.get("goodput") or {}).get("ettr"))
-            lines.append(f"  {job['job_id']}: {job['ranks']} rank{'s' if job['ranks'] != 1 else ''}{world} on "
-                         f"{job['hosts']} host{'s' if job['hosts'] != 1 else ''}, seen {_time(job['first_seen'])} "
-                         f"to {_time(job['last_seen'])}" + (f", ETTR {ettr * 100:.1f}%" if ettr is not None else ""))
+            where = []
+            if job["ranks"]:
+                where.append(f"{job['ranks']} rank{'s' if job['ranks'] != 1 else ''}{world}")
+            if job["hosts"]:
+                where.append(f"{job['hosts']} host{'s' if job['hosts'] != 1 else ''}")
+            lines.append(f"  {job['job_id']}: {' on '.join(where) or 'no resource data'}, seen "
+                         f"{_time(job['first_seen'])} to {_time(job['last_seen'])}"
+                         + (f", ETTR {ettr * 100:.1f}%" if ettr is not None else ""))
     return "\n".join(lines) + "\n"
 
 
