@@ -69,6 +69,13 @@ def cmd_report(args: argparse.Namespace) -> int:
     return report_main(args)
 
 
+def cmd_demo(args: argparse.Namespace) -> int:
+    from otel_gpu.demo import main as demo_main
+
+    logging.basicConfig(level=logging.ERROR)
+    return demo_main(args)
+
+
 def _not_yet(name: str, issue: str):
     def run(_args: argparse.Namespace) -> int:
         print(f"otel-gpu {name}: not yet available in this version ({issue}).", file=sys.stderr)
@@ -106,8 +113,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_not_yet("run", "it arrives with the instrumentation issue"))
 
     p = sub.add_parser("demo", help="start a collector and a small CPU training job, inject a fault, explain it")
-    p.add_argument("--scenario", default="hang")
-    p.set_defaults(func=_not_yet("demo", "it arrives with the attribution issue"))
+    p.add_argument("--scenario", default="hang", help="fault to inject (default: hang; see --list)")
+    p.add_argument("--rank", type=int, help="the faulty rank (default: a random one of 1-3)")
+    p.add_argument("--list", action="store_true", help="list the scenarios and exit")
+    p.add_argument("--workdir", metavar="DIR", help="where the store and logs go (default: a new temp folder)")
+    p.add_argument("--hang-timeout-s", type=float, default=8.0, help="hang timeout of the demo collector (8)")
+    p.set_defaults(func=cmd_demo)
     return parser
 
 

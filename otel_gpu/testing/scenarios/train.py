@@ -1,0 +1,167 @@
+"""A small DDP training job (gloo, CPU) with one injectable fault, for the fault-injection suite and the demo.
+
+Run under torchrun (e.g. ``otel-gpu run -- torchrun --standalone --nproc-per-node 4 -m
+otel_gpu.testing.scenarios.train``). The fault comes from the environment, so the same unmodified script serves every
+scenario:
+
+- ``OTEL_GPU_FAULT``: none, exception, sigkill, os_exit, cuda_oom, sleep_before_collective, deadlock,
+  collective_mismatch, straggler, dataloader_stall, slow_checkpoint, cuda_error (the symptom of an XID/ECC fault),
+  comm_hang (the symptom of a dead link), comm_slow (the symptom of a degrading link)
+- ``OTEL_GPU_FAULT_RANK`` (default 1) and ``OTEL_GPU_FAULT_STEP`` (default 15)
+- ``OTEL_GPU_STEPS`` (default 60), ``OTEL_GPU_STEP_SLEEP_S`` (default 0.05: steady, cheap "compute")
+- ``OTEL_GPU_SCENARIO_DIR``: when set, the faulty rank writes ``trigger`` there when the fault begins and, if
+  ``OTEL_GPU_FAULT_WAIT_ACK=1``, waits for ``ack`` (the hardware part of the fault has been injected) before showing
+  the software symptom, as a real device fault precedes the process's failure.
+
+Nothing here imports otel_gpu: the instrumentation is what ``otel-gpu run`` adds.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, Dataset
+
+FAULT = os.environ.get("OTEL_GPU_FAULT", "none")
+FAULT_RANK = int(os.environ.get("OTEL_GPU_FAULT_RANK", "1"))
+FAULT_STEP = int(os.environ.get("OTEL_GPU_FAULT_STEP", "15"))
+STEPS = int(os.environ.get("OTEL_GPU_STEPS", "60"))
+STEP_SLEEP_S = float(os.environ.get("OTEL_GPU_STEP_SLEEP_S", "0.05"))
+SCENARIO_DIR = os.environ.get("OTEL_GPU_SCENARIO_DIR")
+
+
+class Batches(Dataset):
+    """One ready batch per index (batch_size=None), so a slow __getitem__ is one slow data wait per step."""
+
+    def __init__(self, rank: int):
+        self.rank = rank
+        gen = torch.Generator().manual_seed(rank)
+        self.x = torch.randn(16, 64, generator=gen)
+        self.y = torch.randn(16, 8, generator=gen)
+
+    def __len__(self) -> int:
+        return STEPS + 5
+
+    def __getitem__(self, i: int):
+        if FAULT == "dataloader_stall" and self.rank == FAULT_RANK and i >= FAULT_STEP:
+            begin_fault(wait=False)
+            time.sleep(0.25)
+        return self.x, self.y
+
+
+_triggered = False
+
+
+def begin_fault(wait: bool | None = None) -> None:
+    """Tells the scenario runner the fault begins; waits for the hardware side when asked."""
+    global _triggered
+    if _triggered or not SCENARIO_DIR:
+        return
+    _triggered = True
+    Path(SCENARIO_DIR, "trigger").write_text(f"{time.time()}\n")
+    if wait if wait is not None else os.environ.get("OTEL_GPU_FAULT_WAIT_ACK") == "1":
+        deadline = time.time() + 15
+        while time.time() < deadline and not Path(SCENARIO_DIR, "ack").exists():
+            time.sleep(0.05)
+
+
+class SlowFile:
+    """A file object whose writes stall, as a slow shared filesystem does."""
+
+    def __init__(self, path: str, stall_s: float):
+        self._f = open(path, "wb")
+        self._stall_s = stall_s
+
+    def write(self, data):
+        if self._stall_s:
+            time.sleep(self._stall_s)
+            self._stall_s = 0.0
+        return self._f.write(data)
+
+    def flush(self):
+        self._f.flush()
+
+    def close(self):
+        self._f.close()
+
+
+def inject(rank: int, step: int, model, world: int) -> None:
+    if rank != FAULT_RANK or step < FAULT_STEP:
+        return
+    if FAULT == "straggler" or FAULT == "comm_slow":
+        begin_fault()
+        time.sleep(0.2)
+        return
+    if step != FAULT_STEP:
+        return
+    if FAULT == "exception":
+        begin_fault()
+        raise ValueError(f"bad value in batch at step {step}")
+    if FAULT == "cuda_oom":
+        begin_fault()
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB (GPU 0; 79.11 GiB total "
+                                     "capacity; 71.30 GiB already allocated)")
+    if FAULT == "cuda_error":
+        begin_fault()
+        raise RuntimeError("CUDA error: unspecified launch failure\nCUDA kernel errors might be asynchronously "
+                           "reported at some other API call")
+    if FAULT == "sigkill":
+        begin_fault()
+        os.kill(os.getpid(), signal.SIGKILL)
+    if FAULT == "os_exit":
+        begin_fault()
+        os._exit(3)
+    if FAULT in ("sleep_before_collective", "comm_hang"):
+        begin_fault()
+        time.sleep(3600)
+    if FAULT == "deadlock":
+        begin_fault()
+        lock = threading.Lock()
+        lock.acquire()
+        lock.acquire()  # never returns: the same thread takes a non-reentrant lock twice
+
+
+def main() -> None:
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8)))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader = DataLoader(Batches(rank), batch_size=None, num_workers=0)
+    ckpt_dir = Path(SCENARIO_DIR or os.environ.get("TMPDIR", "/tmp"))
+    for step, (x, y) in enumerate(loader):
+        if step >= STEPS:
+            break
+        inject(rank, step, model, world)
+        time.sleep(STEP_SLEEP_S)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if FAULT == "collective_mismatch" and step == FAULT_STEP:
+            begin_fault(wait=False)
+            t = torch.ones(1024 if rank != FAULT_RANK else 2048)
+            if rank == FAULT_RANK:
+                dist.broadcast(t, src=0)
+            else:
+                dist.all_reduce(t)
+        if step % 20 == 19:
+            stall = 4.0 if FAULT == "slow_checkpoint" and rank == FAULT_RANK and step >= FAULT_STEP else 0.0
+            if stall:
+                begin_fault(wait=False)
+            if rank == 0 or stall:
+                f = SlowFile(str(ckpt_dir / f"ckpt-rank{rank}.pt"), stall)
+                torch.save(model.state_dict(), f)
+                f.close()
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
