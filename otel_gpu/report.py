@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import re
 import sqlite3
 import sys
 from typing import Any, TextIO
@@ -27,6 +28,7 @@ from otel_gpu.exporters.store import db
 
 __all__ = ["build_report", "format_text", "main"]
 
+_AT_TIME = re.compile(r"^(.*\S)\s+@(\d+(?:\.\d+)?)$")
 _SUMMARY_KEYS = ("summary", "message", "description", "explanation", "title")
 
 
@@ -103,7 +105,12 @@ def _summary(record: dict[str, Any]) -> str:
 
 def _evidence(item: Any, onset: float | None) -> str:
     if not isinstance(item, dict):
-        return str(item)
+        match = _AT_TIME.match(str(item))  # the attribution processor's "signal=value @unix-seconds"
+        if match is None:
+            return str(item)
+        t = float(match.group(2))
+        when = f"at {t - onset:+.1f} s from onset" if onset is not None else f"at {_time(t)}"
+        return f"{match.group(1)} {when}"
     name = item.get("metric") or item.get("signal") or item.get("name") or ""
     text = f"{name} = {item['value']}" if "value" in item else str(name)
     extra = {k: v for k, v in item.items() if k not in ("metric", "signal", "name", "value", "time")}
@@ -143,6 +150,9 @@ def _failure_lines(record: dict[str, Any]) -> list[str]:
     lines.append(f"  culprit: {who or 'not identified'}")
     if record.get("auto_remediable") is not None:
         lines.append(f"  auto-remediable: {'yes' if record['auto_remediable'] else 'no'}")
+    details = record.get("details")
+    if isinstance(details, dict) and details:
+        lines.append("  details: " + ", ".join(f"{k} {v}" for k, v in details.items() if v not in (None, "")))
     evidence = record.get("evidence") or []
     if isinstance(evidence, (str, dict)):
         evidence = [evidence]

@@ -287,3 +287,60 @@ def test_export_is_cheap():
         assert exp.state.series_count() == 240
     finally:
         exp.shutdown()
+
+
+def test_otel_sdk_to_collector_subprocess_to_prometheus_scrape(tmp_path):
+    """The real path: OTel SDK metrics -> OTLP gRPC -> `otel-gpu collector` process -> GET /metrics."""
+    from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+    from opentelemetry.metrics import Observation
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+    from opentelemetry.sdk.resources import Resource
+
+    from collector_proc import free_port, start_collector
+
+    grpc_port, prom_port = free_port(), free_port()
+    config = f"""
+receivers: {{otlp: {{protocols: {{grpc: {{endpoint: "127.0.0.1:{grpc_port}"}}}}}}}}
+exporters:
+  prometheus: {{endpoint: "127.0.0.1:{prom_port}", const_labels: {{cluster: c1}}}}
+  store: {{path: "{tmp_path / 'store'}"}}
+service: {{pipelines: {{metrics: {{receivers: [otlp], exporters: [prometheus, store]}}}}}}
+"""
+    with start_collector(config, tmp_path) as collector:
+        resource = Resource.create({"service.name": "trainer", "training.job.id": "job-9", "training.rank": 3,
+                                    "host.name": "node-7"})
+        reader = PeriodicExportingMetricReader(OTLPMetricExporter(endpoint=f"127.0.0.1:{grpc_port}", insecure=True),
+                                               export_interval_millis=3_600_000)
+        provider = MeterProvider(resource=resource, metric_readers=[reader])
+        meter = provider.get_meter("e2e")
+        meter.create_counter("training.steps", unit="{step}").add(7, {"training.rank": 3})
+        meter.create_up_down_counter("queue.depth").add(-2)
+        meter.create_histogram("training.step.duration", unit="s").record(0.3)
+        meter.create_observable_gauge("hw.gpu.utilization", [lambda _o: [Observation(0.5, {"hw.id": "GPU-0"})]],
+                                      unit="1")
+        assert provider.force_flush(10_000)
+        provider.shutdown()
+
+        url = f"http://127.0.0.1:{prom_port}"
+        families: dict = {}
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and "training_steps" not in families:
+            _, _, text = get(url + "/metrics")
+            families = {f.name: f for f in text_string_to_metric_families(text)}
+            time.sleep(0.1)
+        steps = families["training_steps"]
+        assert steps.type == "counter"
+        (sample,) = steps.samples
+        assert sample.name == "training_steps_total" and sample.value == 7.0
+        assert {"training_rank": "3", "training_job_id": "job-9", "host_name": "node-7", "service_name": "trainer",
+                "cluster": "c1"}.items() <= sample.labels.items()
+        assert families["queue_depth"].type == "gauge" and families["queue_depth"].samples[0].value == -2.0
+        hist = families["training_step_duration_seconds"]
+        assert hist.type == "histogram"
+        assert {s.name: s.value for s in hist.samples if s.name.endswith(("_count", "_sum"))} == {
+            "training_step_duration_seconds_count": 1.0, "training_step_duration_seconds_sum": 0.3}
+        assert families["hw_gpu_utilization_ratio"].samples[0].value == 0.5
+        assert names.RECEIVED.prometheus_name.removesuffix("_total") in families  # self-telemetry beside them
+        assert get(url + "/health")[0] == 200
+        assert collector.stop() == 0

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
@@ -27,7 +28,7 @@ HANG = {"kind": "hang", "root_cause": "rank_not_in_collective", "category": "sof
         "evidence": [{"metric": "training.collective.seq", "value": 40, "time": 1_700_000_000.0, "rank": 2},
                      "training.collective.in_flight=all_reduce @1700000001"],
         "signature": "hang/rank_not_in_collective/all_reduce", "recurrence": 3,
-        "summary": "rank 2 never reached all_reduce seq 41"}
+        "summary": "rank 2 never reached all_reduce seq 41", "details": {"op": "all_reduce", "seq": 41}}
 XID = {"kind": "crash", "root_cause": "gpu_fell_off_bus", "category": "hardware",
        "action": "exclude_node_and_restart", "auto_remediable": True,
        "culprit": {"rank": 5, "host": "node-b", "gpu": "GPU-1234"}, "job_id": "job-y",
@@ -86,7 +87,8 @@ def test_text_report_reads_like_an_explanation(store):
     hang_block = "\n".join(lines[hang:])
     assert "  culprit: rank 2, host node-a" in hang_block
     assert "    - training.collective.seq = 40 (rank 2) at +0.0 s from onset" in hang_block
-    assert "    - training.collective.in_flight=all_reduce @1700000001" in hang_block
+    assert "    - training.collective.in_flight=all_reduce at +1.0 s from onset" in hang_block
+    assert "  details: op all_reduce, seq 41" in hang_block
     assert "  recurrence: seen 3 times before (signature hang/rank_not_in_collective/all_reduce)" in hang_block
     assert "  recurrence: first time seen" in out
     assert "goodput (job job-x): ETTR 87.3% (productive 14.6 min of 16.7 min wall time)" in out
@@ -171,3 +173,42 @@ def test_cli_entry_point(store, capsys):
     proc = subprocess.run([sys.executable, "-m", "otel_gpu", "report", "--store", str(store) + "-missing"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1 and "no otel-gpu store" in proc.stderr
+
+
+def test_otel_sdk_event_to_collector_subprocess_to_report(tmp_path):
+    """The real path: an OTel SDK log event -> OTLP gRPC -> `otel-gpu collector` (store) -> `otel-gpu report`."""
+    from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter
+    from opentelemetry.sdk._logs import LoggerProvider
+    from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
+    from opentelemetry.sdk.resources import Resource
+
+    from collector_proc import free_port, start_collector
+
+    grpc_port = free_port()
+    store = tmp_path / "store"
+    config = f"""
+receivers: {{otlp: {{protocols: {{grpc: {{endpoint: "127.0.0.1:{grpc_port}"}}}}}}}}
+exporters: {{store: {{path: "{store}"}}}}
+service: {{pipelines: {{logs: {{receivers: [otlp], exporters: [store]}}}}}}
+"""
+    with start_collector(config, tmp_path) as collector:
+        provider = LoggerProvider(resource=Resource.create({"training.job.id": "job-x", "training.rank": 0,
+                                                            "host.name": "node-a"}))
+        provider.add_log_record_processor(BatchLogRecordProcessor(
+            OTLPLogExporter(endpoint=f"127.0.0.1:{grpc_port}", insecure=True)))
+        logger = provider.get_logger("e2e")
+        logger.emit(event_name="otel_gpu.failure", body=json.dumps(HANG))
+        logger.emit(event_name="otel_gpu.goodput", body=json.dumps(GOODPUT_X))
+        provider.shutdown()
+        deadline = time.monotonic() + 15
+        report = {"failures": []}
+        while time.monotonic() < deadline and not report["failures"]:  # read while the collector runs
+            proc = subprocess.run([sys.executable, "-m", "otel_gpu", "report", "--store", str(store), "--format",
+                                   "json"], capture_output=True, text=True, timeout=60)
+            if proc.returncode == 0:
+                report = json.loads(proc.stdout)
+            time.sleep(0.2)
+        assert report["failures"] == [HANG] and report["goodput"] == GOODPUT_X
+        assert collector.stop() == 0
+    job = json.loads(run(store, fmt="json")[1])["jobs"][0]
+    assert (job["job_id"], job["ranks"], job["hosts"]) == ("job-x", 1, 1)
