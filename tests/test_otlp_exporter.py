@@ -121,7 +121,7 @@ def test_grpc_gives_up_after_max_elapsed_time(sink):
     started = time.monotonic()
     exporter.export(spans(3))
     assert exporter.force_flush(5)
-    assert 0.2 < time.monotonic() - started < 2
+    assert 0.1 < time.monotonic() - started < 2  # gives up once the next wait would pass 0.3 s
     assert sink.calls > 2 and telemetry.value(DROPPED, "otlp", Signal.TRACES) == 3
     exporter.shutdown(2)
 

@@ -4,6 +4,7 @@ Example:
     >>> from otel_gpu.collector.telemetry import PrometheusSelfTelemetry
     >>> from otel_gpu.component import ComponentHost
     >>> from otel_gpu.config import build
+    >>> from otel_gpu.exporters.otlp import OtlpExporter, OtlpExporterConfig
     >>> cfg = build(OtlpExporterConfig, {"endpoint": "127.0.0.1:4317"}, "exporters.otlp")
     >>> exporter = OtlpExporter(cfg, ComponentHost("otlp", PrometheusSelfTelemetry()))
     >>> exporter.start()            # doctest: +SKIP
