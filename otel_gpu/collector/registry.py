@@ -12,6 +12,7 @@ __all__ = ["BUILTIN", "known_types", "load_factory"]
 BUILTIN: dict[str, dict[str, str]] = {
     "receiver": {
         "otlp": "otel_gpu.receivers.otlp",
+        "nvml": "otel_gpu.receivers.nvml",
     },
     "processor": {
         "attribution": "otel_gpu.processors.attribution",
