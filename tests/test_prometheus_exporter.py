@@ -189,16 +189,16 @@ def test_resource_to_telemetry_conversion_off_accepts_collector_form():
 
 
 def test_series_expire():
-    exp, _ = make_exporter(metric_expiration_s=0.3)
+    exp, _ = make_exporter(metric_expiration_s=1.0)
     try:
         exp.export(request([gauge("old", "", [number(1.0)])]))
-        time.sleep(0.2)
+        time.sleep(0.6)
         exp.export(request([gauge("new", "", [number(1.0)])]))
         assert {"old", "new"} <= set(scrape(exp))
-        time.sleep(0.2)
+        time.sleep(0.6)
         families = scrape(exp)
         assert "old" not in families and "new" in families
-        time.sleep(0.35)
+        time.sleep(1.1)
         assert not {"old", "new"} & set(scrape(exp))
         assert exp.state.series_count() == 0
     finally:

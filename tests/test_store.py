@@ -219,10 +219,10 @@ def test_full_queue_drops_and_counts_without_blocking(tmp_path):
 def test_concurrent_reads_while_writing(tmp_path):
     exp, _, _ = make(tmp_path)
     stop = threading.Event()
-    seen: list[int] = []
+    views: list[list[int]] = [[], []]
     problems: list[BaseException] = []
 
-    def reader():
+    def reader(seen: list[int]):
         try:
             while not stop.is_set():
                 with read(tmp_path) as conn:
@@ -231,7 +231,7 @@ def test_concurrent_reads_while_writing(tmp_path):
         except BaseException as exc:  # noqa: BLE001 - reported below
             problems.append(exc)
 
-    threads = [threading.Thread(target=reader) for _ in range(2)]
+    threads = [threading.Thread(target=reader, args=(view,)) for view in views]
     try:
         for t in threads:
             t.start()
@@ -247,8 +247,9 @@ def test_concurrent_reads_while_writing(tmp_path):
             t.join(10)
         exp.shutdown()
     assert not problems, problems
-    assert len(seen) > 5 and seen[-1] == 300
-    assert all(a <= b for a, b in zip(seen[::2], seen[2::2]))  # each reader's view only grows
+    for seen in views:
+        assert len(seen) > 5 and seen[-1] == 300
+        assert seen == sorted(seen)  # each reader's view only grows
 
 
 def test_retention_by_count_and_age(tmp_path):
@@ -342,6 +343,6 @@ def test_traces_export_walks_resources_only(tmp_path):
             for _ in range(200):
                 exp.export(batch)
             timings[name] = (time.perf_counter() - start) / 200
-        assert timings["big"] < 50e-6 and timings["big"] < 3 * timings["small"] + 10e-6, timings
+        assert timings["big"] < 200e-6 and timings["big"] < 3 * timings["small"] + 10e-6, timings
     finally:
         exp.shutdown()

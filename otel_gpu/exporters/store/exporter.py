@@ -30,7 +30,8 @@ _JOB, _HOST, _RANK, _WORLD = (str(identity.JOB_ID), str(identity.HOST_NAME), str
                               str(identity.WORLD_SIZE))
 _IDENTITY_KEYS = frozenset((_JOB, _HOST, _RANK, _WORLD))
 _MAX_BATCH = 500  # records per transaction
-_KNOWN_MAX = 1_000_000  # (job, rank) / (job, host) pairs remembered as written
+_KNOWN_MAX = 1_000_000
+_IDENTITY_CACHE = 4096  # distinct resources remembered (a node has a few ranks and devices)  # (job, rank) / (job, host) pairs remembered as written
 
 
 def _any(value: Any) -> Any:
@@ -64,6 +65,13 @@ def _body(record: Any) -> dict[str, Any] | None:
     if kind == "kvlist_value":
         return _any(record.body)
     return None
+
+
+def _int(value: Any) -> int | None:
+    try:
+        return None if value is None else int(value)
+    except (TypeError, ValueError):
+        return None
 
 
 def _num(value: Any) -> float | None:
@@ -176,6 +184,7 @@ class StoreExporter(Exporter):
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=config.queue_size)
         self._jobs_lock = threading.Lock()
         self._jobs: dict[str, _JobSeen] = {}
+        self._identities: dict[bytes, tuple[str, str | None, int | None, int | None] | None] = {}
         self._known_ranks: set[tuple[str, int]] = set()
         self._known_hosts: set[tuple[str, str]] = set()
         self._thread: threading.Thread | None = None
@@ -233,42 +242,42 @@ class StoreExporter(Exporter):
             return False
         return True
 
+    def _identity(self, resource: Any) -> tuple[str, str | None, int | None, int | None] | None:
+        """(job, host, rank, world size) of a resource, cached by its wire bytes (senders repeat the same few)."""
+        raw = resource.SerializeToString()
+        cached = self._identities.get(raw, False)
+        if cached is not False:
+            return cached
+        found: dict[str, Any] = {}
+        for kv in resource.attributes:
+            if kv.key in _IDENTITY_KEYS:
+                found[kv.key] = _any(kv.value)
+        out = None
+        if found.get(_JOB):
+            out = (str(found[_JOB]), str(found[_HOST]) if found.get(_HOST) else None, _int(found.get(_RANK)),
+                   _int(found.get(_WORLD)))
+        if len(self._identities) >= _IDENTITY_CACHE:
+            self._identities.clear()
+        self._identities[raw] = out
+        return out
+
     def _see_resources(self, resources: Any) -> None:
+        seen = [ident for ident in map(self._identity, (r.resource for r in resources)) if ident is not None]
+        if not seen:
+            return
         now = time.time()
-        for r in resources:
-            job = host = rank = world = None
-            for kv in r.resource.attributes:
-                key = kv.key
-                if key not in _IDENTITY_KEYS:
-                    continue
-                value = _any(kv.value)
-                if key == _JOB:
-                    job = str(value)
-                elif key == _HOST:
-                    host = str(value)
-                elif key == _RANK:
-                    rank = value
-                else:
-                    world = value
-            if not job:
-                continue
-            with self._jobs_lock:
-                seen = self._jobs.get(job)
-                if seen is None:
-                    seen = self._jobs[job] = _JobSeen(now)
-                seen.last = now
+        with self._jobs_lock:
+            for job, host, rank, world in seen:
+                entry = self._jobs.get(job)
+                if entry is None:
+                    entry = self._jobs[job] = _JobSeen(now)
+                entry.last = now
                 if rank is not None:
-                    try:
-                        seen.ranks.add(int(rank))
-                    except (TypeError, ValueError):
-                        pass
+                    entry.ranks.add(rank)
                 if host:
-                    seen.hosts.add(host)
+                    entry.hosts.add(host)
                 if world is not None:
-                    try:
-                        seen.world_size = int(world)
-                    except (TypeError, ValueError):
-                        pass
+                    entry.world_size = world
 
     def _see_job(self, job: str, now: float) -> None:
         with self._jobs_lock:
