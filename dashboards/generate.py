@@ -157,6 +157,15 @@ def increase_q(m: Metric, v: Sequence[str], agg: str, legend: str = "", may_be_e
     return Query(expr, legend, (m,), instant=True, may_be_empty=may_be_empty)
 
 
+def total_q(m: Metric, v: Sequence[str], agg: str, legend: str = "", may_be_empty: bool = False,
+            window: str = "$__range") -> Query:
+    """The highest value a cumulative counter reached in the window. For counters whose series is born at its first
+    event (failures, XIDs, a job's goodput ledger), where ``increase()`` would miss that first event."""
+    _need(m, MetricType.COUNTER)
+    expr = f"{agg} (max_over_time({sel(m, v)}[{window}]))"
+    return Query(expr, legend, (m,), instant=window == "$__range", may_be_empty=may_be_empty)
+
+
 def quantile_q(m: Metric, q: float, v: Sequence[str], by_attrs: Sequence[Attr], legend: str) -> Query:
     _need(m, MetricType.HISTOGRAM)
     groups = by("le", *by_attrs)
@@ -195,8 +204,8 @@ def gpu_dashboard() -> DashboardSpec:
         P("GPUs not ok", [g.STATUS],
           [Query(f'count ({sel(g.STATUS, v, (g.HW_STATE, "!=", g.HwState.OK.value))} == 1) or vector(0)', "",
                  (g.STATUS,), instant=True)], kind="stat", width=6, height=4, thresholds=((None, "green"), (1, "red"))),
-        P("XIDs in range", [g.XID_ERRORS], [Query(f"sum (increase({sel(g.XID_ERRORS, v)}[$__range])) or vector(0)",
-                                                 "", (g.XID_ERRORS,), instant=True)],
+        P("XIDs seen", [g.XID_ERRORS], [Query(f"sum (max_over_time({sel(g.XID_ERRORS, v)}[$__range])) or vector(0)",
+                                             "", (g.XID_ERRORS,), instant=True)],
           kind="stat", width=6, height=4, thresholds=((None, "green"), (1, "red"))),
         P("Uncorrected ECC errors in range", [g.ECC_ERRORS],
           [Query(f'sum (increase({sel(g.ECC_ERRORS, v, (g.ERROR_TYPE, "=", "uncorrected"), VOLATILE)}'
@@ -261,10 +270,10 @@ def gpu_dashboard() -> DashboardSpec:
            gauge_q(g.RETIRED_PENDING, v, f"pending {GPU_LEGEND}")], unit="short"),
     ]))
     d.rows.append(("XID errors", [
-        P("XIDs by code in range", [g.XID_ERRORS],
-          [increase_q(g.XID_ERRORS, v, f"sum by ({by(s_id.HOST_NAME, s_id.GPU_INDEX, g.XID_CODE)})",
-                      may_be_empty=True)], kind="table",
-          extra="79: fell off the bus; 48/94/95: ECC; 63/64: row remap; 74: NVLink; 119/120: GSP."),
+        P("XIDs by code", [g.XID_ERRORS],
+          [total_q(g.XID_ERRORS, v, f"sum by ({by(s_id.HOST_NAME, s_id.GPU_INDEX, g.XID_CODE)})",
+                   may_be_empty=True)], kind="table",
+          extra="XIDs the collector counted, per GPU and code. 79: fell off the bus; 48/94/95: ECC; 63/64: row remap; 74: NVLink; 119/120: GSP."),
         P("XIDs per second", [g.XID_ERRORS], [rate_q(g.XID_ERRORS, v, f"{GPU_LEGEND} xid {L(g.XID_CODE)}")],
           unit="short"),
     ]))
@@ -399,31 +408,31 @@ def failures_dashboard() -> DashboardSpec:
                       "otel-gpu-failures-goodput.json", ("datasource", "job"), groups=(f._G, f._GG), anchor=f.ETTR)
     fc = f.FAILURES
     d.rows.append(("Failures", [
-        P("Failures in range", [fc], [Query(f"sum (increase({sel(fc, v)}[$__range])) or vector(0)", "", (fc,),
-                                            instant=True)], kind="stat", width=6, height=6,
+        P("Failures", [fc], [Query(f"sum (max_over_time({sel(fc, v)}[$__range])) or vector(0)", "", (fc,),
+                                   instant=True)], kind="stat", width=6, height=6,
           thresholds=((None, "green"), (1, "red"))),
         P("Attribution table", [fc],
-          [increase_q(fc, v, f"sum by ({by(s_id.JOB_ID, f.KIND, f.ROOT_CAUSE, f.CATEGORY)})", may_be_empty=True)],
+          [total_q(fc, v, f"sum by ({by(s_id.JOB_ID, f.KIND, f.ROOT_CAUSE, f.CATEGORY)})", may_be_empty=True)],
           kind="table", width=18, height=6,
-          extra="One row per job, kind, root cause and category, with the count in the time range."),
+          extra="One row per job, kind, root cause and category, with the number of failure records."),
         P("Failures by root cause", [fc],
-          [increase_q(fc, v, f"sum by ({by(f.ROOT_CAUSE)})", L(f.ROOT_CAUSE), may_be_empty=True)],
+          [total_q(fc, v, f"sum by ({by(f.ROOT_CAUSE)})", L(f.ROOT_CAUSE), may_be_empty=True)],
           kind="piechart"),
-        P("Failures over time by kind", [fc],
-          [Query(f"sum by ({by(f.KIND)}) (increase({sel(fc, v)}[$__rate_interval]))", L(f.KIND), (fc,),
-                 may_be_empty=True)], unit="short"),
+        P("Failures over time by kind (cumulative)", [fc],
+          [total_q(fc, v, f"sum by ({by(f.KIND)})", L(f.KIND), may_be_empty=True, window="$__rate_interval")],
+          unit="short"),
     ]))
     d.rows.append(("Goodput", [
         P("ETTR (goodput)", [f.ETTR], [gauge_q(f.ETTR, v, L(s_id.JOB_ID))], kind="stat", unit="percentunit",
           width=6, min=0, max=1, thresholds=((None, "red"), (0.8, "orange"), (0.9, "green"))),
         P("ETTR over time", [f.ETTR], [gauge_q(f.ETTR, v, L(s_id.JOB_ID))], unit="percentunit", width=18,
           min=0, max=1),
-        P("Badput breakdown in range", [f.BADPUT],
-          [increase_q(f.BADPUT, v, f"sum by ({by(f.BADPUT_BUCKET)})", L(f.BADPUT_BUCKET))], kind="bargauge",
-          unit="s"),
-        P("Productive vs wall time in range", [f.PRODUCTIVE_TIME, f.WALL_TIME],
-          [increase_q(f.PRODUCTIVE_TIME, v, f"sum by ({job})", f"productive {L(s_id.JOB_ID)}"),
-           increase_q(f.WALL_TIME, v, f"sum by ({job})", f"wall {L(s_id.JOB_ID)}")], kind="bargauge", unit="s"),
+        P("Badput breakdown", [f.BADPUT],
+          [total_q(f.BADPUT, v, f"sum by ({by(f.BADPUT_BUCKET)})", L(f.BADPUT_BUCKET))], kind="bargauge",
+          unit="s", extra="Seconds lost per bucket, summed over the selected jobs."),
+        P("Productive vs wall time", [f.PRODUCTIVE_TIME, f.WALL_TIME],
+          [total_q(f.PRODUCTIVE_TIME, v, f"sum by ({job})", f"productive {L(s_id.JOB_ID)}"),
+           total_q(f.WALL_TIME, v, f"sum by ({job})", f"wall {L(s_id.JOB_ID)}")], kind="bargauge", unit="s"),
         P("Badput over time by bucket", [f.BADPUT],
           [rate_q(f.BADPUT, v, L(f.BADPUT_BUCKET), agg=f"sum by ({by(f.BADPUT_BUCKET)})")], unit="percentunit",
           width=24, extra="Seconds lost per second of wall time, stacked by bucket."),
