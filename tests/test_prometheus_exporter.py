@@ -157,7 +157,7 @@ def test_unsupported_types_are_skipped_and_no_recorded_value_removes(exporter, c
         data_points=[m.ExponentialHistogramDataPoint(count=1)]))
     with caplog.at_level("INFO"):
         for _ in range(3):
-            exporter.export(request([summary, expo, gauge("g", "", [number(1.0)])]))
+            exporter.export(request([summary, expo, gauge("", "", [number(1.0)]), gauge("g", "", [number(1.0)])]))
     families = scrape(exporter)
     assert set(families) >= {"g"} and "rpc_latency" not in families and "expo" not in families
     assert sum("rpc.latency" in r.getMessage() for r in caplog.records) == 1  # logged once

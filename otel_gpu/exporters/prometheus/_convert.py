@@ -166,6 +166,10 @@ class MetricState:
 
     def _update_metric(self, metric: Any, base: dict[str, str], now: float) -> int:
         data = metric.WhichOneof("data")
+        if not metric.name:
+            self._log_once("noname", logging.WARNING, "prometheus exporter: metrics without a name are skipped "
+                           "(logged once)")
+            return 0
         if data == "gauge":
             series = self._family(self._family_name(metric.name, metric.unit, GAUGE), GAUGE, metric.description)
             return self._numbers(series, metric.gauge.data_points, base, now, delta=False)
@@ -256,7 +260,12 @@ class MetricState:
         with self._lock:
             self._expire(now)
             for name, (kind, help_text, series) in sorted(self._families.items()):
-                family = Metric(name, help_text or name, kind)
+                try:
+                    family = Metric(name, help_text or name, kind)
+                except ValueError:  # a name prometheus-client refuses must not fail the whole scrape
+                    self._log_once(("badname", name), logging.WARNING, "prometheus exporter: cannot expose %r "
+                                   "(logged once)", name)
+                    continue
                 samples = family.samples
                 if kind == GAUGE:
                     for key, s in series.items():
