@@ -21,7 +21,7 @@ Example (in Python)::
     from otel_gpu.collector.config import load_text
     from otel_gpu.collector.runtime import Collector
     c = Collector(load_text('''
-    receivers: {otlp: {grpc: {endpoint: 127.0.0.1:0}}}
+    receivers: {otlp: {protocols: {grpc: {endpoint: 127.0.0.1:0}}}}
     exporters: {prometheus: {endpoint: 127.0.0.1:0}}
     service: {pipelines: {metrics: {receivers: [otlp], exporters: [prometheus]}}}
     '''))

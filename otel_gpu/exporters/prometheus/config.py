@@ -1,4 +1,14 @@
-"""Settings of the ``prometheus`` exporter."""
+"""Settings of the ``prometheus`` exporter.
+
+Example:
+    >>> from otel_gpu.config import build
+    >>> cfg = build(PrometheusExporterConfig, {"resource_to_telemetry_conversion": {"enabled": False}},
+    ...             "exporters.prometheus")
+    >>> cfg.endpoint, cfg.resource_to_telemetry_conversion
+    ('127.0.0.1:9464', False)
+    >>> parse_endpoint("[::1]:9464")
+    ('::1', 9464)
+"""
 from __future__ import annotations
 
 import re

@@ -1,4 +1,10 @@
-"""Settings of the ``store`` exporter."""
+"""Settings of the ``store`` exporter.
+
+Example:
+    >>> from otel_gpu.config import build
+    >>> build(StoreExporterConfig, {"path": "/var/lib/otel-gpu", "max_age_days": 30}, "exporters.store").max_failures
+    100000
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
