@@ -14,7 +14,6 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.logs.v1 import logs_pb2
 from opentelemetry.proto.metrics.v1 import metrics_pb2
-from opentelemetry.proto.trace.v1 import trace_pb2
 
 from otel_gpu.collector.config import load_text
 from otel_gpu.collector.runtime import Collector, StartError
@@ -307,7 +306,8 @@ def test_through_a_collector_and_config_errors(tmp_path):
     collector = Collector(load_text(f"""
 receivers: {{otlp: {{protocols: {{grpc: {{endpoint: "127.0.0.1:0"}}}}}}}}
 exporters: {{store: {{path: "{tmp_path / 'c'}"}}}}
-service: {{pipelines: {{logs: {{receivers: [otlp], exporters: [store]}}, traces: {{receivers: [otlp], exporters: [store]}}}}}}
+service:
+  pipelines: {{logs: {{receivers: [otlp], exporters: [store]}}, traces: {{receivers: [otlp], exporters: [store]}}}}
 """))
     assert "failure_history" in collector.services
     collector.start()

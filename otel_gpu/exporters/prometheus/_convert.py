@@ -29,7 +29,7 @@ from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
 from otel_gpu.component import LogOnce
-from otel_gpu.schema._prom import prometheus_name, sanitize
+from otel_gpu.schema._prom import prometheus_name
 
 __all__ = ["MetricState"]
 

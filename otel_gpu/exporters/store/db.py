@@ -47,7 +47,8 @@ _MIGRATIONS: list[tuple[str, ...]] = [
         "CREATE INDEX goodput_history_job ON goodput_history(job_id, id)",
         """CREATE TABLE jobs (
                job_id TEXT PRIMARY KEY, first_seen REAL NOT NULL, last_seen REAL NOT NULL, world_size INTEGER)""",
-        "CREATE TABLE job_ranks (job_id TEXT NOT NULL, rank INTEGER NOT NULL, PRIMARY KEY (job_id, rank)) WITHOUT ROWID",
+        "CREATE TABLE job_ranks (job_id TEXT NOT NULL, rank INTEGER NOT NULL, PRIMARY KEY (job_id, rank)) "
+        "WITHOUT ROWID",
         "CREATE TABLE job_hosts (job_id TEXT NOT NULL, host TEXT NOT NULL, PRIMARY KEY (job_id, host)) WITHOUT ROWID",
     ),
 ]

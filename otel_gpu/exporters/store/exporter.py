@@ -30,8 +30,8 @@ _JOB, _HOST, _RANK, _WORLD = (str(identity.JOB_ID), str(identity.HOST_NAME), str
                               str(identity.WORLD_SIZE))
 _IDENTITY_KEYS = frozenset((_JOB, _HOST, _RANK, _WORLD))
 _MAX_BATCH = 500  # records per transaction
-_KNOWN_MAX = 1_000_000
-_IDENTITY_CACHE = 4096  # distinct resources remembered (a node has a few ranks and devices)  # (job, rank) / (job, host) pairs remembered as written
+_KNOWN_MAX = 1_000_000  # (job, rank) / (job, host) pairs remembered as written
+_IDENTITY_CACHE = 4096  # distinct resources remembered (a node has a few ranks and devices)
 
 
 def _any(value: Any) -> Any:
