@@ -13,6 +13,7 @@ BUILTIN: dict[str, dict[str, str]] = {
     "receiver": {
         "otlp": "otel_gpu.receivers.otlp",
         "nvml": "otel_gpu.receivers.nvml",
+        "nic": "otel_gpu.receivers.nic",
     },
     "processor": {
         "attribution": "otel_gpu.processors.attribution",
