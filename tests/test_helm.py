@@ -119,14 +119,20 @@ def test_strict_validation_can_fail():
         kubernetes_validate.validate(ds, KUBE, strict=True)
 
 
-def test_rendered_collector_configs_load_with_our_validator(rendered):
+def test_rendered_collector_configs_load_with_our_validator(rendered, monkeypatch):
     label, manifests, _ = rendered
+    monkeypatch.setenv("NODE_NAME", "gpu-node-7")  # the DaemonSet sets it from spec.nodeName
     configs = [m for m in find(manifests, "ConfigMap") if "config.yaml" in m.get("data", {})]
     expected = {"default": 1, "full": 2, "xid-file": 1, "aggregator-only": 1}[label]
     assert len(configs) == expected
     for cm in configs:
         cfg = load_text(cm["data"]["config.yaml"], f"{label}:{cm['metadata']['name']}")
         assert {p.signal.value for p in cfg.pipelines} == {"traces", "metrics", "logs"}
+        for spec in cfg.components.values():
+            if spec.type in ("nvml", "nic"):
+                assert spec.config.host_name == "gpu-node-7"  # the node's name, not the pod's
+            if spec.type == "nic":
+                assert spec.config.sysfs_root == "/host/sys"
 
 
 def _agent_config(manifests: list[dict]) -> dict:
@@ -271,7 +277,7 @@ def test_agent_config_overlay_merges_maps_and_replaces_lists():
     manifests, _ = render({"agent": {"config": {"receivers": {"nvml": {"interval_s": 2}},
                                                 "service": {"telemetry": {"logs": {"level": "debug"}}}}}})
     cfg = _agent_config(manifests)
-    assert cfg["receivers"]["nvml"] == {"interval_s": 2}
+    assert cfg["receivers"]["nvml"] == {"interval_s": 2, "host_name": "${env:NODE_NAME}"}
     assert cfg["receivers"]["otlp"]["grpc"]["endpoint"] == "0.0.0.0:4317"  # untouched keys stay
     assert cfg["service"]["telemetry"]["logs"]["level"] == "debug"
     assert cfg["service"]["pipelines"]["metrics"]["exporters"] == ["prometheus", "store"]

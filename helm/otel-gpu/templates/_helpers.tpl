@@ -82,12 +82,13 @@ overlaid with .Values.agent.config.
 {{- $metricsIn := list "otlp" -}}
 {{- $logsIn := list "otlp" -}}
 {{- if $r.nvml.enabled -}}
-{{- $_ := set $receivers "nvml" (deepCopy ($r.nvml.settings | default dict)) -}}
+{{- /* Receivers name the node, not the pod: host.name from the downward API (NODE_NAME). */ -}}
+{{- $_ := set $receivers "nvml" (mustMergeOverwrite (dict "host_name" "${env:NODE_NAME}") (deepCopy ($r.nvml.settings | default dict))) -}}
 {{- $metricsIn = append $metricsIn "nvml" -}}
 {{- $logsIn = append $logsIn "nvml" -}}
 {{- end -}}
 {{- if $r.nic.enabled -}}
-{{- $_ := set $receivers "nic" (mustMergeOverwrite (dict "sysfs_root" "/host/sys") (deepCopy ($r.nic.settings | default dict))) -}}
+{{- $_ := set $receivers "nic" (mustMergeOverwrite (dict "sysfs_root" "/host/sys" "host_name" "${env:NODE_NAME}") (deepCopy ($r.nic.settings | default dict))) -}}
 {{- $metricsIn = append $metricsIn "nic" -}}
 {{- end -}}
 {{- if $r.xid.enabled -}}
