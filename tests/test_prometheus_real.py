@@ -128,10 +128,11 @@ NVML_SCENARIO = {
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     from otel_gpu.collector.registry import known_types
-    from otel_gpu.testing.scenarios.runner import FakeSysfs, collector_config
+    from otel_gpu.testing.fake_sysfs import FakeSysfs
+    from otel_gpu.testing.scenarios.runner import collector_config
 
     work = tmp_path_factory.mktemp("prom-real")
-    sysfs = FakeSysfs(work / "sys")
+    sysfs = FakeSysfs(work / "sys", {"infiniband": {"mlx5_0": {"ports": {1: {}}}}, "net": {"eth0": {}}})
     grpc_port, exporter_port, prom_port = free_port(), free_port(), free_port()
     config = json.loads(collector_config(work, grpc_port=grpc_port, prometheus_port=exporter_port))
     (work / "nvml-scenario.json").write_text(json.dumps(NVML_SCENARIO))
@@ -178,11 +179,15 @@ def stack(tmp_path_factory):
                                  env=env, cwd=work, capture_output=True, timeout=90, start_new_session=True)
             (work / "job.log").write_bytes(job.stdout + job.stderr)
             job_ran = True
-        # NIC counters move, as on a real port.
-        for i in range(1, 4):
-            sysfs.write_counter("port_xmit_data", 1_000_000 * i)
-            sysfs.write_counter("port_rcv_data", 2_000_000 * i)
-            sysfs.write_counter("symbol_error", 5 * i)
+        # NIC counters move, as on a real port and interface.
+        for i in range(1, 5):
+            sysfs.add_ib("mlx5_0", 1, "port_xmit_data", 250_000)
+            sysfs.add_ib("mlx5_0", 1, "port_rcv_data", 500_000)
+            sysfs.add_ib("mlx5_0", 1, "port_xmit_packets", 100)
+            sysfs.add_ib("mlx5_0", 1, "port_rcv_packets", 200)
+            sysfs.add_ib("mlx5_0", 1, "symbol_error", 5)
+            for name in ("rx_bytes", "tx_bytes", "rx_packets", "tx_packets", "rx_errors"):
+                sysfs.add_net_stat("eth0", name, 1000 * i)
             time.sleep(0.6)
 
         def has(metric: str) -> bool:
@@ -258,7 +263,8 @@ def test_every_dashboard_query_parses_and_returns_data(stack):
               schema.gpu.XID_ERRORS, schema.collector.RECEIVED):
         assert m.name in exported, f"{m.name} is not exported by the collector"
     if stack["has_nic"]:
-        for m in (schema.nic.IB_ERRORS_RATE, schema.nic.IB_IO_RATE, schema.nic.IB_UP):
+        for m in (schema.nic.IB_ERRORS_RATE, schema.nic.IB_IO_RATE, schema.nic.IB_UP, schema.nic.ETH_IO_RATE,
+                  schema.nic.ETH_UP):
             assert m.name in exported, f"{m.name} is not exported by the collector"
     if stack["job_ran"]:
         for m in (schema.failure.FAILURES, schema.failure.ETTR, schema.failure.BADPUT):
