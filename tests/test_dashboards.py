@@ -227,3 +227,14 @@ def test_helpers_refuse_the_wrong_instrument_type():
         gen.rate_q(gpu.UTILIZATION, ("host",))
     with pytest.raises(TypeError, match="histogram"):
         gen.quantile_q(training.STEP_DURATION, 0.5, (), (), "")
+
+
+def test_a_new_schema_metric_gets_a_panel_without_touching_the_generator(monkeypatch):
+    from otel_gpu.schema import Metric
+
+    new = Metric("hw.gpu.fan.speed", MetricType.GAUGE, "1", "Fan speed.", group="GPU health")
+    monkeypatch.setitem(schema.REGISTRY.metrics, new.name, new)
+    gpu = gen.build_all()["otel-gpu-gpu-health.json"]
+    panels = [p for p in gpu["panels"] if p["title"] == new.name]
+    assert panels and panels[0]["targets"][0]["expr"].startswith("hw_gpu_fan_speed_ratio{")
+    assert any(p["type"] == "row" and p["title"] == "Other signals" for p in gpu["panels"])
