@@ -76,6 +76,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return demo_main(args)
 
 
+def cmd_run(args: argparse.Namespace) -> int:
+    from otel_gpu.launcher import run
+
+    return run(list(args.cmd), endpoint=args.endpoint)
+
+
 def _not_yet(name: str, issue: str):
     def run(_args: argparse.Namespace) -> int:
         print(f"otel-gpu {name}: not yet available in this version ({issue}).", file=sys.stderr)
@@ -110,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="launch a training command with auto-instrumentation")
     p.add_argument("--endpoint", metavar="URL")
     p.add_argument("cmd", nargs=argparse.REMAINDER)
-    p.set_defaults(func=_not_yet("run", "it arrives with the instrumentation issue"))
+    p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("demo", help="start a collector and a small CPU training job, inject a fault, explain it")
     p.add_argument("--scenario", default="hang", help="fault to inject (default: hang; see --list)")

@@ -1,0 +1,194 @@
+"""Private OTLP encoding (opentelemetry-proto messages built directly, no SDK) and a small OTLP client.
+
+The client never blocks its caller for longer than ``timeout_s`` and, after a failure, drops requests for a backoff
+period (counted) instead of retrying: the training process must not wait for an absent collector.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import urllib.request
+
+from opentelemetry.proto.collector.logs.v1 import logs_service_pb2
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+from opentelemetry.proto.common.v1 import common_pb2
+from opentelemetry.proto.logs.v1 import logs_pb2
+from opentelemetry.proto.resource.v1 import resource_pb2
+from opentelemetry.proto.trace.v1 import trace_pb2
+
+_logger = logging.getLogger(__name__)
+
+SCOPE = common_pb2.InstrumentationScope(name="otel_gpu.instrumentation", version="0.1.0")
+
+
+def set_attr(kv_list, key: str, value) -> None:
+    kv = kv_list.add()
+    kv.key = key
+    v = kv.value
+    if isinstance(value, bool):
+        v.bool_value = value
+    elif isinstance(value, int):
+        v.int_value = value
+    elif isinstance(value, float):
+        v.double_value = value
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            v.array_value.values.add().string_value = str(item)
+    else:
+        v.string_value = str(value)
+
+
+def make_resource(attrs: dict) -> resource_pb2.Resource:
+    res = resource_pb2.Resource()
+    for k, v in attrs.items():
+        set_attr(res.attributes, k, v)
+    return res
+
+
+def add_span(scope_spans, name: str, trace_id: bytes, span_id: bytes, parent_id: bytes | None, start_ns: int,
+             end_ns: int, attrs: dict, error: str | None = None) -> None:
+    sp = scope_spans.spans.add()
+    sp.trace_id = trace_id
+    sp.span_id = span_id
+    if parent_id:
+        sp.parent_span_id = parent_id
+    sp.name = name
+    sp.kind = trace_pb2.Span.SPAN_KIND_INTERNAL
+    sp.start_time_unix_nano = start_ns
+    sp.end_time_unix_nano = max(end_ns, start_ns)
+    for k, v in attrs.items():
+        if v is not None:
+            set_attr(sp.attributes, k, v)
+    if error is not None:
+        sp.status.code = trace_pb2.Status.STATUS_CODE_ERROR
+        sp.status.message = error
+
+
+def trace_request(resource: resource_pb2.Resource):
+    """Returns (request, scope_spans) to add spans into."""
+    req = trace_service_pb2.ExportTraceServiceRequest()
+    rs = req.resource_spans.add()
+    rs.resource.CopyFrom(resource)
+    ss = rs.scope_spans.add()
+    ss.scope.CopyFrom(SCOPE)
+    return req, ss
+
+
+def logs_request(resource: resource_pb2.Resource, records: list[tuple[str, int, dict, dict, int]]):
+    """records: (event_name, time_ns, attributes, body (JSON-able), severity_number)."""
+    req = logs_service_pb2.ExportLogsServiceRequest()
+    rl = req.resource_logs.add()
+    rl.resource.CopyFrom(resource)
+    sl = rl.scope_logs.add()
+    sl.scope.CopyFrom(SCOPE)
+    for event_name, t_ns, attrs, body, severity in records:
+        lr = sl.log_records.add()
+        lr.time_unix_nano = t_ns
+        lr.observed_time_unix_nano = time.time_ns()
+        lr.event_name = event_name
+        lr.severity_number = severity
+        lr.severity_text = logs_pb2.SeverityNumber.Name(severity).replace("SEVERITY_NUMBER_", "")
+        lr.body.string_value = json.dumps(body, default=str, separators=(",", ":"))
+        for k, v in attrs.items():
+            if v is not None:
+                set_attr(lr.attributes, k, v)
+    return req
+
+
+INFO = logs_pb2.SEVERITY_NUMBER_INFO
+WARN = logs_pb2.SEVERITY_NUMBER_WARN
+ERROR = logs_pb2.SEVERITY_NUMBER_ERROR
+FATAL = logs_pb2.SEVERITY_NUMBER_FATAL
+
+
+class OtlpClient:
+    """Sends export requests over OTLP gRPC (or HTTP/protobuf). Thread-safe; never raises."""
+
+    def __init__(self, endpoint: str, protocol: str = "grpc", headers: dict[str, str] | None = None,
+                 timeout_s: float = 2.0):
+        self.endpoint = endpoint
+        self.protocol = protocol
+        self.headers = dict(headers or {})
+        self.timeout_s = timeout_s
+        self.sent = 0
+        self.failed = 0
+        self.dropped_backoff = 0
+        self._lock = threading.Lock()
+        self._down_until = 0.0
+        self._backoff_s = 0.5
+        self._warned = False
+        self._channel = None
+        self._trace_stub = None
+        self._logs_stub = None
+
+    def _grpc_stubs(self):
+        if self._trace_stub is None:
+            import grpc
+            from opentelemetry.proto.collector.logs.v1 import logs_service_pb2_grpc
+            from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
+
+            target = self.endpoint
+            secure = target.startswith("https://")
+            for prefix in ("http://", "https://", "grpc://"):
+                if target.startswith(prefix):
+                    target = target[len(prefix):]
+            target = target.rstrip("/")
+            opts = [("grpc.max_send_message_length", 32 * 1024 * 1024), ("grpc.enable_retries", 0)]
+            self._channel = (grpc.secure_channel(target, grpc.ssl_channel_credentials(), options=opts) if secure
+                             else grpc.insecure_channel(target, options=opts))
+            self._trace_stub = trace_service_pb2_grpc.TraceServiceStub(self._channel)
+            self._logs_stub = logs_service_pb2_grpc.LogsServiceStub(self._channel)
+        return self._trace_stub, self._logs_stub
+
+    def _send(self, signal: str, request) -> bool:
+        now = time.monotonic()
+        if now < self._down_until:
+            with self._lock:
+                self.dropped_backoff += 1
+            return False
+        try:
+            if self.protocol == "http/protobuf":
+                url = self.endpoint.rstrip("/")
+                if not url.startswith("http"):
+                    url = "http://" + url
+                req = urllib.request.Request(url + f"/v1/{signal}", data=request.SerializeToString(), method="POST",
+                                             headers={"Content-Type": "application/x-protobuf", **self.headers})
+                with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+                    resp.read()
+            else:
+                trace_stub, logs_stub = self._grpc_stubs()
+                stub = trace_stub if signal == "traces" else logs_stub
+                stub.Export(request, timeout=self.timeout_s, metadata=tuple(self.headers.items()) or None)
+        except Exception as exc:  # noqa: BLE001 - telemetry never raises into the host
+            with self._lock:
+                self.failed += 1
+                self._down_until = time.monotonic() + self._backoff_s
+                self._backoff_s = min(self._backoff_s * 2, 10.0)
+            if not self._warned:
+                self._warned = True
+                _logger.warning("otel-gpu: OTLP export to %s failed (%s); dropping telemetry while it is down",
+                                self.endpoint, str(exc).splitlines()[0][:200])
+            return False
+        with self._lock:
+            self.sent += 1
+            self._backoff_s = 0.5
+        return True
+
+    def send_traces(self, request) -> bool:
+        return self._send("traces", request)
+
+    def send_logs(self, request) -> bool:
+        return self._send("logs", request)
+
+    def reset_backoff(self) -> None:
+        """Lets the next request through (used by the final flush)."""
+        self._down_until = 0.0
+
+    def close(self) -> None:
+        if self._channel is not None:
+            try:
+                self._channel.close()
+            except Exception:  # noqa: BLE001
+                pass

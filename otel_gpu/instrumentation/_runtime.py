@@ -1,0 +1,751 @@
+"""The instrumentation's runtime: background export thread, watchdog thread, step tracking and crash hooks.
+
+Nothing here runs on the training thread's hot path except ``on_optimizer_step`` (once per step). The export thread
+drains the ring buffer of ``_hot``, reconciles Python-issued collectives with torch's flight recorder, turns both into
+OTLP spans and sends them; the watchdog sends a heartbeat every ``heartbeat_s`` and the stacks of all threads when the
+process makes no progress for longer than the (adaptive) threshold.
+"""
+from __future__ import annotations
+
+import atexit
+import collections
+import hashlib
+import logging
+import os
+import random
+import signal
+import sys
+import threading
+import time
+import traceback
+
+from otel_gpu.instrumentation import _export, _flight, _hot, _registry
+from otel_gpu.instrumentation._hot import CKPT, COLL, DATA, NS, STEP, WAIT
+from otel_gpu.instrumentation._identity import Identity, job_id_from_env
+from otel_gpu.instrumentation.config import InstrumentationConfig
+from otel_gpu.schema import identity as ids
+from otel_gpu.schema import training as tr
+
+_logger = logging.getLogger(__name__)
+
+_RUNTIME: Runtime | None = None
+_FORK_HOOKED = False
+_MAX_SPANS_PER_REQUEST = 2000
+_ASYNC_HOLD_NS = 10_000_000_000
+
+
+def current() -> Runtime | None:
+    return _RUNTIME
+
+
+def note_failed_collective(op, g, seq, exc) -> None:
+    rt = _RUNTIME
+    if rt is not None:
+        rt.failed_collective = (op, g, seq, f"{type(exc).__name__}: {exc}"[:500])
+
+
+def _rand_id(n: int) -> bytes:
+    return random.getrandbits(n * 8).to_bytes(n, "big")
+
+
+def classify(exc: BaseException) -> str:
+    """schema ExceptionHint value for an exception."""
+    H = tr.ExceptionHint
+    text = f"{type(exc).__name__}: {exc}"
+    low = text.lower()
+    torch = sys.modules.get("torch")
+    oom_type = getattr(getattr(torch, "cuda", None), "OutOfMemoryError", None) if torch else None
+    if (oom_type is not None and isinstance(exc, oom_type)) or "cuda out of memory" in low:
+        return H.CUDA_OOM.value
+    if isinstance(exc, KeyboardInterrupt):
+        return H.KEYBOARD_INTERRUPT.value
+    if any(s in low for s in ("connection closed by peer", "connection reset", "broken pipe", "econnreset",
+                              "socket closed", "peer closed", "connection refused")):
+        return H.PEER_FAILURE.value
+    if "timed out" in low or "timeout" in low and ("gloo" in low or "nccl" in low or "watchdog" in low):
+        return H.DIST_TIMEOUT.value
+    if "nccl" in low:
+        return H.NCCL_ERROR.value
+    if "gloo" in low or type(exc).__name__ in ("DistBackendError", "DistNetworkError", "DistError"):
+        return H.GLOO_ERROR.value
+    if "cuda error" in low or "cudaerror" in low:
+        return H.CUDA_ERROR.value
+    return H.USER_CODE.value
+
+
+def _frames(frame) -> list[dict]:
+    out = [{"file": fs.filename, "line": fs.lineno, "function": fs.name}
+           for fs in traceback.extract_stack(frame, limit=64)]
+    return out
+
+
+def _is_internal(path: str) -> bool:
+    p = path.replace("\\", "/")
+    return ("/torch/" in p or "/otel_gpu/instrumentation/" in p or p.endswith("/threading.py")
+            or p.startswith("<otel_gpu"))
+
+
+class Runtime:
+    """One per instrumented process (re-created on re-instrument)."""
+
+    def __init__(self, cfg: InstrumentationConfig):
+        self.cfg = cfg
+        self.identity_generated = not (cfg.job_id or os.environ.get("OTEL_GPU_JOB_ID")
+                                       or os.environ.get("TORCHELASTIC_RUN_ID"))
+        self.job_id = job_id_from_env(cfg.job_id)
+        self.identity = Identity(self.job_id, cfg.service_name, cfg.resource_attributes)
+        self.client = _export.OtlpClient(cfg.endpoint, cfg.protocol, cfg.headers, cfg.export_timeout_s)
+        self.fr = _flight.FlightRecorder()
+        self.fr_enabled = False
+        self.fr_inbox: list[dict] = []
+        self.fr_hold: list[dict] = []
+        self.cpp_count: dict[str, int] = {}  # pg name -> collectives seen only in the flight recorder
+        self._py_windows: dict[str, collections.deque] = {}  # pg name -> (t0, t1) of recent Python collectives
+        self._res_version = -1
+        self._resource = None
+        self._pg_info: dict[int, tuple[object, str, int]] = {}  # id(pg) -> (pg, name, size)
+        self._export_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._logs: collections.deque = collections.deque(maxlen=4096)
+        self._pending_async: dict[tuple[int, int], list] = {}
+        self._step_ends: collections.deque = collections.deque(maxlen=256)  # (n, t_end_ns)
+        self._step_durs: collections.deque = collections.deque(maxlen=32)
+        self._steps_done = 0
+        self._step_t0 = time.time_ns()
+        self._first_opt = None
+        self.explicit_steps = False
+        self.failed_collective = None
+        self.counters = collections.Counter()
+        self._last_progress_marker = None
+        self._last_progress_ns = time.time_ns()
+        self._stacks_sent_for = None
+        self._exit_info: dict | None = None
+        self._saved_hooks: dict = {}
+        self._pid = os.getpid()
+        self._shut = False
+
+    # ---------------------------------------------------------------- lifecycle
+    def start(self) -> None:
+        global _RUNTIME
+        _RUNTIME = self
+        if self.cfg.flight_recorder:
+            self.fr_enabled = _flight.enable_env(self.cfg.flight_recorder_size)
+        for name, target in (("otel-gpu-export", self._export_loop), ("otel-gpu-watchdog", self._watchdog_loop)):
+            th = threading.Thread(target=target, name=name, daemon=True)
+            th.start()
+            self._threads.append(th)
+        if self.cfg.crash_hooks:
+            self._install_hooks()
+        self._register()
+
+    def shutdown(self, timeout_s: float | None = None, reason: str = "shutdown") -> None:
+        """Flushes (bounded) and stops the threads. Safe to call twice."""
+        global _RUNTIME
+        if self._shut:
+            return
+        self._shut = True
+        timeout_s = self.cfg.flush_timeout_s if timeout_s is None else timeout_s
+        self._stop.set()
+        self._wake.set()
+        self._uninstall_hooks()
+        self.flush(timeout_s)
+        for th in self._threads:
+            th.join(timeout=0.5)
+        self.client.close()
+        if _RUNTIME is self:
+            _RUNTIME = None
+
+    def flush(self, timeout_s: float | None = None) -> bool:
+        """Exports what is buffered now, from the calling thread, within ``timeout_s``."""
+        timeout_s = self.cfg.flush_timeout_s if timeout_s is None else timeout_s
+        if not self._export_lock.acquire(timeout=timeout_s):
+            return False
+        try:
+            self.client.reset_backoff()
+            self._cycle(final=True)
+        except Exception:  # noqa: BLE001
+            _logger.debug("otel-gpu flush failed", exc_info=True)
+            return False
+        finally:
+            self._export_lock.release()
+        return True
+
+    # ---------------------------------------------------------------- identity / registry
+    def on_process_group_created(self) -> None:
+        NS["_dpg"] = None
+        self.identity.refresh_from_dist()
+        self._agree_job_id()
+        self._register()
+        self._wake.set()
+
+    def _agree_job_id(self) -> None:
+        """When no launcher gave a job id, every rank generated its own: adopt rank 0's through the c10d store."""
+        if not self.identity_generated:
+            return
+        try:
+            import datetime
+
+            from torch.distributed import distributed_c10d as c10d
+
+            store = c10d._get_default_store()
+            key = "otel_gpu/job_id"
+            if self.identity.rank == 0:
+                store.set(key, self.job_id)
+            else:
+                store.wait([key], datetime.timedelta(seconds=10))
+                self.job_id = store.get(key).decode()
+            self.identity.job_id = self.job_id
+            self.identity.version += 1
+            self.identity_generated = False
+        except Exception:  # noqa: BLE001
+            _logger.debug("otel-gpu: could not agree on a job id through the store", exc_info=True)
+
+    def _register(self) -> None:
+        folder = self.cfg.registry_dir
+        if folder and os.path.isdir(folder):
+            role = "rank" if self.identity.rank is not None else "python"
+            _registry.write_proc(folder, {"pid": os.getpid(), "ppid": os.getppid(), "role": role,
+                                          "rank": self.identity.rank, "local_rank": self.identity.local_rank,
+                                          "world_size": self.identity.world_size, "host": self.identity.host,
+                                          "argv": sys.argv[:8]})
+
+    def _registry_event(self, event: dict) -> None:
+        folder = self.cfg.registry_dir
+        if folder and os.path.isdir(folder):
+            _registry.append_event(folder, {"rank": self.identity.rank, **event})
+
+    def resource(self):
+        if self._res_version != self.identity.version or self._resource is None:
+            if self.identity.gpu_index is None:
+                self.identity.refresh_gpu()
+            self._resource = _export.make_resource(self.identity.attributes())
+            self._res_version = self.identity.version
+        return self._resource
+
+    # ---------------------------------------------------------------- steps
+    def on_optimizer_step(self, optimizer, _args, _kwargs) -> None:
+        if not NS["_on"] or self.explicit_steps:
+            return
+        if self._first_opt is None:
+            self._first_opt = id(optimizer)
+        elif id(optimizer) != self._first_opt:
+            return  # several optimizers: the first one seen marks the step
+        self.end_step(NS["_step"], self._step_t0, time.time_ns(), None)
+
+    def end_step(self, n: int, t0: int, t1: int, error: str | None) -> None:
+        _hot.push((STEP, n, t0, t1, error))
+        self._steps_done += 1
+        self._step_durs.append((t1 - t0) / 1e9)
+        self._step_t0 = t1
+        NS["_step"] = n + 1
+
+    # ---------------------------------------------------------------- process groups
+    def _pg(self, g) -> tuple[str, int]:
+        info = self._pg_info.get(id(g))
+        if info is None or info[0] is not g:
+            name, size = "?", -1
+            try:
+                from torch.distributed import distributed_c10d as c10d
+
+                name = str(c10d._get_process_group_name(g))
+            except Exception:  # noqa: BLE001
+                name = str(getattr(g, "group_name", "?"))
+            try:
+                size = int(g.size())
+            except Exception:  # noqa: BLE001
+                pass
+            info = (g, name, size)
+            self._pg_info[id(g)] = info
+        return info[1], info[2]
+
+    def _all_pgs(self) -> list:
+        try:
+            from torch.distributed import distributed_c10d as c10d
+
+            return list(c10d._world.pg_map.keys())
+        except Exception:  # noqa: BLE001
+            return []
+
+    def _cpp_ops_pending(self) -> bool:
+        """True when torch counted ops on some group that neither the wrappers nor the recorder accounted for."""
+        seq, p2p = NS["_seq"], NS["_p2p"]
+        for g in self._all_pgs():
+            try:
+                torch_seq = g._get_sequence_number_for_group()
+            except Exception:  # noqa: BLE001 - e.g. NCCL before its communicator exists
+                continue
+            name, _ = self._pg(g)
+            if torch_seq > seq.get(g, 0) + p2p.get(g, 0) + self.cpp_count.get(name, 0):
+                return True
+        return False
+
+    def poll_flight_recorder(self, force: bool = False) -> None:
+        if not self.fr_enabled or self.fr.available is False:
+            return
+        if not force and not self._cpp_ops_pending():
+            return
+        entries = self.fr.poll()
+        if entries:
+            self.fr_inbox.extend(entries)  # list.extend is atomic under the GIL
+            self.counters["fr_polls"] += 1
+
+    # ---------------------------------------------------------------- export
+    def _export_loop(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.cfg.export_interval_s)
+            self._wake.clear()
+            if self._stop.is_set():
+                break
+            if not self._export_lock.acquire(timeout=0.1):
+                continue
+            try:
+                self._cycle(final=False)
+            except Exception:  # noqa: BLE001 - never die silently, never crash the host
+                _logger.warning("otel-gpu export cycle failed", exc_info=True)
+            finally:
+                self._export_lock.release()
+
+    def _drain(self) -> list[tuple]:
+        w, r = NS["_w"], NS["_r"]
+        buf, mask = NS["_buf"], NS["_M"]
+        out = []
+        for i in range(r, w):
+            rec = buf[i & mask]
+            buf[i & mask] = None
+            if rec is not None:
+                out.append(rec)
+        NS["_r"] = w
+        if len(NS["_pend"]) > 65536:  # Works awaited through futures never come back to Work.wait
+            NS["_pend"].clear()
+        return out
+
+    def _trace_ids(self, step: int) -> tuple[bytes, bytes]:
+        """Same trace for step n on every rank of the job; the step span's id is per rank."""
+        tid = hashlib.sha256(f"{self.job_id}:{step}".encode()).digest()[:16]
+        sid = hashlib.sha256(f"{self.job_id}:{self.identity.rank}:{self.identity.pid}:{step}".encode()).digest()[:8]
+        return tid, sid
+
+    def _step_at(self, t_ns: int) -> int:
+        for n, t_end in reversed(self._step_ends):
+            if t_end < t_ns:
+                return n + 1
+        return self._step_ends[0][0] if self._step_ends else NS["_step"]
+
+    def _cycle(self, final: bool) -> None:
+        drain_ns = time.time_ns()
+        records = self._drain()
+        self.poll_flight_recorder(force=final and self.fr_enabled)
+        fr_entries = self.fr_hold + self.fr_inbox
+        self.fr_inbox = []
+        self.fr_hold = []
+        spans: list[tuple] = []  # (name, step, start, end, attrs, error)
+        # Python collectives by pg name, for matching against the flight recorder
+        py_by_pg: dict[str, list[list]] = {}
+        for rec in records:
+            kind = rec[0]
+            if kind == COLL:
+                _, op, g, s, t0, t1, nbytes, dtype, is_async, peer, step, err = rec
+                name, size = self._pg(g)
+                p2p = s is not None and s < 0
+                seq = None if s is None else (-s if p2p else s + self.cpp_count.get(name, 0))
+                attrs = {str(tr.COLL_OP): op, str(tr.COLL_PG): name, str(tr.COLL_PG_SIZE): size,
+                         str(tr.COLL_SEQ): seq, str(tr.COLL_BYTES): nbytes,
+                         str(tr.COLL_DTYPE): str(dtype).replace("torch.", "") if dtype is not None else None,
+                         str(tr.COLL_ASYNC): bool(is_async), str(tr.COLL_PEER): peer,
+                         str(tr.COLL_SOURCE): "python", str(tr.STEP): step}
+                if p2p:
+                    attrs["collective.p2p"] = True
+                span = [str(tr.COLLECTIVE_SPAN), step, t0, t1, attrs, err]
+                if not p2p and s is not None:
+                    py_by_pg.setdefault(name, []).append([t0, t1, span])
+                    win = self._py_windows.get(name)
+                    if win is None:
+                        win = self._py_windows[name] = collections.deque(maxlen=4096)
+                    win.append((t0, t1))
+                if is_async and err is None and s is not None:
+                    self._pending_async[(id(g), s)] = [span, drain_ns]
+                else:
+                    spans.append(span)
+                self.counters["collectives"] += 1
+            elif kind == WAIT:
+                _, op, g, s, t0, t1, issue_t0, step, err = rec
+                name, _size = self._pg(g)
+                pending = self._pending_async.pop((id(g), s), None)
+                seq = -s if s < 0 else s + self.cpp_count.get(name, 0)
+                if pending is not None:
+                    pending[0][3] = t1
+                    seq = pending[0][4][str(tr.COLL_SEQ)]
+                    spans.append(pending[0])
+                spans.append([str(tr.WAIT_SPAN), step, t0, t1,
+                              {str(tr.COLL_OP): op, str(tr.COLL_PG): name, str(tr.COLL_SEQ): seq,
+                               str(tr.STEP): step}, err])
+            elif kind == STEP:
+                _, n, t0, t1, err = rec
+                self._step_ends.append((n, t1))
+                spans.append([str(tr.STEP_SPAN), n, t0, t1, {str(tr.STEP): n}, err])
+                self.counters["steps"] += 1
+            elif kind == DATA:
+                _, t0, t1, step, err = rec
+                spans.append([str(tr.DATA_SPAN), step, t0, t1, {str(tr.STEP): step}, err])
+            elif kind == CKPT:
+                _, what, t0, t1, path, step, err = rec
+                nbytes = None
+                if isinstance(path, str) and os.path.isfile(path):
+                    try:
+                        nbytes = os.path.getsize(path)
+                    except OSError:
+                        pass
+                spans.append([str(tr.CKPT_SAVE_SPAN if what == "save" else tr.CKPT_LOAD_SPAN), step, t0, t1,
+                              {str(tr.STEP): step, str(tr.CHECKPOINT_PATH): path,
+                               str(tr.CHECKPOINT_BYTES): nbytes}, err])
+        # Flight recorder: entries that a Python call made get torch's seq onto the Python span; the others were
+        # issued in C++ (DDP reducer, FSDP, functional collectives) and become spans of their own.
+        cur = NS["_cur"]
+        cur_pg = self._pg(cur[1])[0] if cur is not None and cur[1] is not None else None
+        for e in fr_entries:
+            if e.get("is_p2p"):
+                continue
+            pg = str((e.get("process_group") or [e.get("pg_id", "")])[0])
+            created = int(e.get("time_created_ns") or 0)
+            seq = int(e.get("collective_seq_id") or 0)
+            match = None
+            for item in py_by_pg.get(pg, ()):
+                if item[0] <= created <= item[1] + 1000:
+                    match = item
+                    break
+            if match is not None:
+                py_by_pg[pg].remove(match)
+                match[2][4][str(tr.COLL_SEQ)] = seq
+                continue
+            if created >= drain_ns or (cur_pg == pg and cur[3] <= created):
+                if not final:
+                    self.fr_hold.append(e)  # its Python call is still running: decide next cycle
+                    continue
+            if not self._is_own_pending(pg, created):
+                self.cpp_count[pg] = self.cpp_count.get(pg, 0) + 1
+                spans.append(self._fr_span(e, pg, seq, created))
+                self.counters["fr_collectives"] += 1
+        # async ops never awaited through Work.wait (futures): export at issue after a while
+        for key, (span, since) in list(self._pending_async.items()):
+            if final or drain_ns - since > _ASYNC_HOLD_NS:
+                spans.append(span)
+                del self._pending_async[key]
+        if spans:
+            self._send_spans(spans)
+        self._send_queued_logs()
+
+    def _is_own_pending(self, pg: str, created: int) -> bool:
+        """A Python op exported in an earlier cycle, or an async one awaiting its Work.wait, is also in the
+        recorder: not a C++ op."""
+        for t0, t1 in reversed(self._py_windows.get(pg, ())):
+            if t0 <= created <= t1 + 1000:
+                return True
+            if t1 < created:
+                break
+        for span, _ in self._pending_async.values():
+            a = span[4]
+            if a[str(tr.COLL_PG)] == pg and span[2] <= created <= span[3] + 1000:
+                return True
+        return False
+
+    def _fr_span(self, e: dict, pg: str, seq: int, created: int) -> list:
+        nbytes, dtype = _flight.entry_bytes_dtype(e)
+        end = int(e.get("time_discovered_completed_ns") or 0)
+        if not end and e.get("duration_ms"):
+            end = created + int(float(e["duration_ms"]) * 1e6)
+        step = self._step_at(created)
+        size = -1
+        for info in self._pg_info.values():
+            if info[1] == pg:
+                size = info[2]
+        attrs = {str(tr.COLL_OP): _flight.entry_op(e), str(tr.COLL_PG): pg, str(tr.COLL_PG_SIZE): size,
+                 str(tr.COLL_SEQ): seq, str(tr.COLL_BYTES): nbytes, str(tr.COLL_DTYPE): dtype,
+                 str(tr.COLL_SOURCE): "flight_recorder", str(tr.STEP): step,
+                 "collective.duration_known": bool(end)}
+        return [str(tr.COLLECTIVE_SPAN), step, created, end or created, attrs, None]
+
+    def _send_spans(self, spans: list) -> None:
+        resource = self.resource()
+        for i in range(0, len(spans), _MAX_SPANS_PER_REQUEST):
+            req, ss = _export.trace_request(resource)
+            for name, step, t0, t1, attrs, err in spans[i:i + _MAX_SPANS_PER_REQUEST]:
+                trace_id, step_span_id = self._trace_ids(step if step is not None else 0)
+                if name == str(tr.STEP_SPAN):
+                    _export.add_span(ss, name, trace_id, step_span_id, None, t0, t1, attrs, err)
+                else:
+                    _export.add_span(ss, name, trace_id, _rand_id(8), step_span_id, t0, t1, attrs, err)
+            n = len(ss.spans)
+            if self.client.send_traces(req):
+                self.counters["spans_sent"] += n
+            else:
+                self.counters["spans_dropped"] += n
+
+    # ---------------------------------------------------------------- logs
+    def log(self, event, attrs: dict, body: dict, severity: int = _export.INFO, now: bool = False) -> None:
+        rec = (str(event), time.time_ns(), attrs, body, severity)
+        if now:
+            self._send_logs([rec])
+        else:
+            self._logs.append(rec)
+            self._wake.set()
+
+    def _send_logs(self, records: list) -> bool:
+        ok = self.client.send_logs(_export.logs_request(self.resource(), records))
+        self.counters["logs_sent" if ok else "logs_dropped"] += len(records)
+        return ok
+
+    def _send_queued_logs(self) -> None:
+        batch = []
+        while self._logs:
+            batch.append(self._logs.popleft())
+        if batch:
+            self._send_logs(batch)
+
+    # ---------------------------------------------------------------- watchdog
+    def _watchdog_loop(self) -> None:
+        while not self._stop.wait(self.cfg.heartbeat_s):
+            try:
+                self.heartbeat()
+            except Exception:  # noqa: BLE001
+                _logger.warning("otel-gpu heartbeat failed", exc_info=True)
+
+    def stack_threshold_s(self) -> float:
+        base = self.cfg.stack_after_s
+        if self._step_durs:
+            return max(base, min(3 * max(self._step_durs), 6 * base))
+        return base
+
+    def progress(self) -> tuple[dict, dict]:
+        """(attributes, body) of one heartbeat."""
+        now = time.time_ns()
+        cur = NS["_cur"]
+        marker = (NS["_w"], cur[3] if cur else None, self.fr.entries_seen)
+        if marker != self._last_progress_marker:
+            self._last_progress_marker = marker
+            self._last_progress_ns = now
+        stalled_s = (now - self._last_progress_ns) / 1e9
+        if stalled_s >= self.cfg.heartbeat_s and self.fr_enabled:
+            self.poll_flight_recorder()  # a C++ collective may be what we are stuck in
+        last_started: dict[str, int] = dict(self.fr.last_started)
+        for g, s in list(NS["_seq"].items()):
+            name, _ = self._pg(g)
+            last_started[name] = max(last_started.get(name, 0), s + self.cpp_count.get(name, 0))
+        inflight = None
+        if cur is not None:
+            op, g, s, t0, kind = cur
+            inflight = {"kind": kind, "op": op, "since": t0 / 1e9}
+            if g is not None:
+                name, _ = self._pg(g)
+                seq = -s if s < 0 else s + self.cpp_count.get(name, 0)
+                latest = self.fr.latest.get(name)
+                if s > 0 and latest is not None and int(latest.get("time_created_ns") or 0) >= t0:
+                    seq = int(latest["collective_seq_id"])
+                inflight.update(pg=name, seq=seq, p2p=s < 0)
+                if s > 0:
+                    last_started[name] = max(last_started.get(name, 0), seq)
+        elif stalled_s >= self.cfg.heartbeat_s:
+            # Not in a Python call: blocked in a collective that C++ issued (DDP's backward, FSDP)?
+            newest = None
+            for name, e in self.fr.latest.items():
+                created = int(e.get("time_created_ns") or 0)
+                done = self.fr.last_completed.get(name, 0) >= int(e.get("collective_seq_id") or 0)
+                if not done and created >= self._last_progress_ns - int(self.cfg.heartbeat_s * 1e9) and (
+                        newest is None or created > newest[1]):
+                    newest = (name, created, e)
+            if newest is not None:
+                name, created, e = newest
+                inflight = {"kind": "flight_recorder", "op": _flight.entry_op(e), "pg": name,
+                            "seq": int(e["collective_seq_id"]), "since": created / 1e9}
+        last_seq = dict(last_started)
+        if inflight is not None and inflight.get("pg") and not inflight.get("p2p"):
+            last_seq[inflight["pg"]] = inflight["seq"] - 1
+        for name, s in self.fr.last_completed.items():
+            last_seq[name] = max(s, last_seq.get(name, 0)) if name != (inflight or {}).get("pg") else last_seq[name]
+        state = "idle"
+        if inflight is not None:
+            state = {"collective": "collective", "wait": "collective", "flight_recorder": "collective",
+                     "data": "data", "checkpoint": "checkpoint"}.get(inflight["kind"], "step")
+        elif self._steps_done or NS["_w"]:
+            state = "step"
+        counters = {"steps": self._steps_done, "collectives": self.counters["collectives"],
+                    "fr_collectives": self.counters["fr_collectives"], "dropped": NS["_drops"],
+                    "fr_lost": self.fr.entries_lost, "spans_sent": self.counters["spans_sent"],
+                    "spans_dropped": self.counters["spans_dropped"], "export_failures": self.client.failed}
+        body = {"step": NS["_step"], "state": state, "inflight": inflight, "last_seq": last_seq,
+                "last_started_seq": last_started, "counters": counters, "stalled_s": round(stalled_s, 3),
+                "flight_recorder": bool(self.fr_enabled and self.fr.available is not False)}
+        attrs = {str(tr.STEP): NS["_step"], str(tr.STATE): state}
+        if inflight is not None:
+            attrs.update({str(tr.COLL_OP): inflight.get("op"), str(tr.COLL_PG): inflight.get("pg"),
+                          str(tr.COLL_SEQ): inflight.get("seq"), str(tr.INFLIGHT_SINCE): inflight["since"],
+                          str(tr.INFLIGHT_FOR): round(now / 1e9 - inflight["since"], 3)})
+        return attrs, body
+
+    def is_training_process(self) -> bool:
+        """Heartbeats come from ranks (or single-process training that steps), not from helper processes such as
+        mp.spawn's parent or a torchrun-launched tool."""
+        return self.identity.rank is not None or self._steps_done > 0
+
+    def heartbeat(self) -> None:
+        if not self.is_training_process():
+            return
+        attrs, body = self.progress()
+        self.log(tr.PROGRESS_EVENT, attrs, body, now=True)
+        stalled_s = body["stalled_s"]
+        if stalled_s >= self.stack_threshold_s() and self._stacks_sent_for != self._last_progress_marker:
+            self._stacks_sent_for = self._last_progress_marker
+            self.send_stacks(body, stalled_s)
+
+    def stacks(self) -> tuple[list[dict], str | None, str | None]:
+        names = {t.ident: t.name for t in threading.enumerate()}
+        main_id = threading.main_thread().ident
+        me = threading.get_ident()
+        threads, top, user_top = [], None, None
+        for tid, frame in sys._current_frames().items():
+            if tid == me:
+                continue
+            frames = _frames(frame)
+            threads.append({"name": names.get(tid, str(tid)), "id": tid, "main": tid == main_id,
+                            "frames": frames})
+            if tid == main_id and frames:
+                f = frames[-1]
+                top = f"{f['file']}:{f['line']} {f['function']}"
+                for f in reversed(frames):
+                    if not _is_internal(f["file"]):
+                        user_top = f"{f['file']}:{f['line']} {f['function']}"
+                        break
+        threads.sort(key=lambda t: not t["main"])
+        return threads, top, user_top
+
+    def send_stacks(self, progress_body: dict, stalled_s: float) -> None:
+        threads, top, user_top = self.stacks()
+        inflight = progress_body.get("inflight") or {}
+        attrs = {str(tr.STEP): progress_body["step"], str(tr.COLL_OP): inflight.get("op"),
+                 str(tr.COLL_SEQ): inflight.get("seq"), str(tr.INFLIGHT_FOR): round(stalled_s, 3)}
+        body = {"threads": threads, "top": top, "user_top": user_top, "inflight": progress_body.get("inflight"),
+                "state": progress_body.get("state"), "stalled_s": round(stalled_s, 3)}
+        self.log(tr.STACKS_EVENT, attrs, body, severity=_export.WARN, now=True)
+        self.counters["stacks_sent"] += 1
+
+    # ---------------------------------------------------------------- crash hooks
+    def _install_hooks(self) -> None:
+        self._saved_hooks["excepthook"] = sys.excepthook
+        self._saved_hooks["threading_excepthook"] = threading.excepthook
+        sys.excepthook = self._excepthook
+        threading.excepthook = self._threading_excepthook
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                try:
+                    self._saved_hooks[sig] = signal.getsignal(sig)
+                    signal.signal(sig, self._on_signal)
+                except (ValueError, OSError):
+                    pass
+        atexit.register(self._atexit)
+        global _FORK_HOOKED
+        if not _FORK_HOOKED:
+            _FORK_HOOKED = True
+            os.register_at_fork(after_in_child=_after_fork_in_child)
+
+    def _uninstall_hooks(self) -> None:
+        if sys.excepthook == self._excepthook:
+            sys.excepthook = self._saved_hooks.get("excepthook", sys.__excepthook__)
+        if threading.excepthook == self._threading_excepthook:
+            threading.excepthook = self._saved_hooks.get("threading_excepthook", threading.__excepthook__)
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                if sig in self._saved_hooks and signal.getsignal(sig) == self._on_signal:
+                    try:
+                        signal.signal(sig, self._saved_hooks[sig])
+                    except (ValueError, OSError, TypeError):
+                        pass
+        atexit.unregister(self._atexit)
+
+    def report_exception(self, exc_type, exc, tb, thread_name: str) -> None:
+        try:
+            hint = classify(exc)
+            stack = "".join(traceback.format_exception(exc_type, exc, tb))[-16000:]
+            failed = None
+            if self.failed_collective is not None:
+                op, g, s, msg = self.failed_collective
+                name, _ = self._pg(g) if g is not None else ("?", -1)
+                failed = {"op": op, "pg": name, "seq": -s if s < 0 else s + self.cpp_count.get(name, 0),
+                          "error": msg}
+            qual = f"{exc_type.__module__}.{exc_type.__qualname__}" if exc_type.__module__ != "builtins" \
+                else exc_type.__qualname__
+            attrs = {str(tr.EXC_TYPE): qual, str(tr.EXC_MESSAGE): str(exc)[:4000], str(tr.EXC_STACK): stack,
+                     str(tr.EXC_HINT): hint, str(tr.THREAD_NAME): thread_name, str(tr.STEP): NS["_step"]}
+            body = {"type": qual, "message": str(exc)[:4000], "hint": hint, "thread": thread_name,
+                    "step": NS["_step"], "failed_collective": failed,
+                    "frames": [{"file": f.filename, "line": f.lineno, "function": f.name}
+                               for f in traceback.extract_tb(tb)][-32:]}
+            self._registry_event({"kind": "exception", "type": qual, "hint": hint, "thread": thread_name})
+            if thread_name == threading.main_thread().name:
+                self._exit_info = {"how": "exception", "code": 1, "hint": hint, "type": qual}
+            self.log(tr.EXCEPTION_EVENT, attrs, body, severity=_export.FATAL, now=True)
+            self.flush()
+        except Exception:  # noqa: BLE001
+            _logger.debug("otel-gpu could not report an exception", exc_info=True)
+
+    def _excepthook(self, exc_type, exc, tb) -> None:
+        if not issubclass(exc_type, SystemExit):
+            self.report_exception(exc_type, exc, tb, threading.current_thread().name)
+        prev = self._saved_hooks.get("excepthook") or sys.__excepthook__
+        prev(exc_type, exc, tb)
+
+    def _threading_excepthook(self, args) -> None:
+        if args.exc_type is not None and not issubclass(args.exc_type, SystemExit):
+            name = args.thread.name if args.thread is not None else "?"
+            self.report_exception(args.exc_type, args.exc_value, args.exc_traceback, name)
+        prev = self._saved_hooks.get("threading_excepthook") or threading.__excepthook__
+        prev(args)
+
+    def _on_signal(self, signum, frame) -> None:
+        name = signal.Signals(signum).name
+        try:
+            self._exit_info = {"how": "signal", "signal": name, "code": -signum}
+            self._registry_event({"kind": "signal", "signal": name})
+            self.log(tr.SIGNAL_EVENT, {str(tr.EXIT_SIGNAL): name, str(tr.STEP): NS["_step"]},
+                     {"signal": name, "step": NS["_step"]}, severity=_export.WARN, now=True)
+            self.flush()
+        except Exception:  # noqa: BLE001
+            pass
+        prev = self._saved_hooks.get(signum)
+        if callable(prev):
+            prev(signum, frame)
+        elif prev == signal.SIG_IGN:
+            return
+        else:  # SIG_DFL (or unknown): die of the same signal, as the program would have
+            self.shutdown(timeout_s=1.0)
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+
+    def _atexit(self) -> None:
+        if os.getpid() != self._pid:
+            return
+        info = self._exit_info or {"how": "atexit"}
+        self._registry_event({"kind": "atexit", **info})
+        if not self.is_training_process():
+            self.shutdown()
+            return
+        attrs = {str(ids.JOB_ID): self.job_id, str(ids.RANK): self.identity.rank}
+        if "code" in info:
+            attrs[str(tr.EXIT_CODE)] = info["code"]
+        if "signal" in info:
+            attrs[str(tr.EXIT_SIGNAL)] = info["signal"]
+        self.log(tr.EXIT_EVENT, attrs, {"source": "self", "step": NS["_step"], **info})
+        try:
+            _, body = self.progress()
+            body["state"] = "exited"
+            self.log(tr.PROGRESS_EVENT, {str(tr.STEP): NS["_step"], str(tr.STATE): "idle"}, body)
+        except Exception:  # noqa: BLE001
+            pass
+        self.shutdown()
+
+
+def _after_fork_in_child() -> None:
+    """DataLoader workers and other forks: no threads came along, so do not record into a ring nobody drains."""
+    global _RUNTIME
+    NS["_on"] = False
+    _RUNTIME = None
