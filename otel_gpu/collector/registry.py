@@ -14,6 +14,7 @@ BUILTIN: dict[str, dict[str, str]] = {
         "otlp": "otel_gpu.receivers.otlp",
         "nvml": "otel_gpu.receivers.nvml",
         "nic": "otel_gpu.receivers.nic",
+        "xid": "otel_gpu.receivers.xid",
     },
     "processor": {
         "attribution": "otel_gpu.processors.attribution",
