@@ -196,7 +196,8 @@ def stack(tmp_path_factory):
 
         must = [schema.gpu.UTILIZATION.prometheus_name] + ([schema.nic.IB_IO_RATE.prometheus_name] if has_nic else [])
         if job_ran:
-            must.append(schema.failure.ETTR.prometheus_name)
+            # The job's rank 1 raises: its failure record and the job's goodput reach the server.
+            must += [schema.failure.ETTR.prometheus_name, schema.failure.FAILURES.prometheus_name]
         wait_for(lambda: all(has(m) for m in must), 30, f"prometheus has {must}", prom, prom_log)
         time.sleep(3)  # a few more scrapes, so rate() over 4s windows has two points
         status, body = http_get(f"http://127.0.0.1:{exporter_port}/metrics")
