@@ -129,7 +129,7 @@ def test_rendered_collector_configs_load_with_our_validator(rendered, monkeypatc
         cfg = load_text(cm["data"]["config.yaml"], f"{label}:{cm['metadata']['name']}")
         assert {p.signal.value for p in cfg.pipelines} == {"traces", "metrics", "logs"}
         for spec in cfg.components.values():
-            if spec.type in ("nvml", "nic"):
+            if spec.type in ("nvml", "nic", "xid"):
                 assert spec.config.host_name == "gpu-node-7"  # the node's name, not the pod's
             if spec.type == "nic":
                 assert spec.config.sysfs_root == "/host/sys"

@@ -98,6 +98,7 @@ overlaid with .Values.agent.config.
 {{- else -}}
 {{- $xid = dict "path" "/dev/kmsg" -}}
 {{- end -}}
+{{- $_ := set $xid "host_name" "${env:NODE_NAME}" -}}
 {{- $_ := set $receivers "xid" (mustMergeOverwrite $xid (deepCopy ($r.xid.settings | default dict))) -}}
 {{- $logsIn = append $logsIn "xid" -}}
 {{- end -}}
