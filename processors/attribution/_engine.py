@@ -45,7 +45,7 @@ _THROTTLE_CAUSES = (
 _NIC_ERROR_COUNTERS = ("symbol_error", "link_error_recovery", "port_rcv_errors", "local_link_integrity_errors",
                        "port_rcv_remote_physical_errors", "excessive_buffer_overrun_errors", "rx_errors",
                        "tx_errors", "rx_crc_errors")
-_LIBRARY_MARKERS = ("/site-packages/", "/dist-packages/", "/lib/python3", "<frozen ", "otel_gpu/")
+_LIBRARY_MARKERS = ("/site-packages/", "/dist-packages/", "/lib/python3", "<frozen ", "/otel_gpu/instrumentation/")
 
 
 @dataclass
@@ -60,6 +60,7 @@ class EngineSettings:
     slowdown_window: int = 30
     slowdown_confirm: int = 3  # slow steps among the last slowdown_confirm + 1 to declare a slowdown
     checkpoint_stall_s: float = 10.0  # a blocking checkpoint longer than this (and 3x its usual) is a stall
+    stack_grace_s: float = 3.0  # how long a hang decision may wait for the culprit's stack
     hardware_lookback_s: float = 120.0
     job_idle_evict_s: float = 3600.0
     max_jobs: int = 1000
@@ -397,9 +398,10 @@ class Engine:
     def _record(self, job: _Job, kind: Kind, cause: RootCause, onset: float, now: float, confidence: float,
                 culprit: Culprit, ev: list[str], summary: str, details: dict | None = None,
                 category: Category | None = None, action: Action | None = None) -> FailureRecord:
+        auto = None if action is None else action in (Action.AUTO_RESTART, Action.EXCLUDE_NODE_AND_RESTART)
         return FailureRecord(kind=kind, root_cause=cause, job_id=job.job_id, onset_time=onset, detected_time=now,
                              confidence=confidence, culprit=culprit, evidence=ev[:12], summary=summary,
-                             details=details or {}, category=category, action=action)
+                             details=details or {}, category=category, action=action, auto_remediable=auto)
 
     def _culprit(self, rank: _Rank, gpu: str | None = None) -> Culprit:
         if gpu is None:
@@ -505,63 +507,103 @@ class Engine:
             return max(self.settings.hang_timeout_s, self.settings.hang_step_factor * statistics.median(recent))
         return self.settings.hang_timeout_s
 
+    @staticmethod
+    def _stalled_for(r: _Rank, now: float) -> float:
+        """How long the rank has made no progress: its watchdog's own count (stalled_s) or the age of its in-flight
+        operation, plus the time since that heartbeat arrived."""
+        hb = r.last_heartbeat
+        if hb is None:
+            return 0.0
+        own = hb.stalled_s if hb.stalled_s is not None else 0.0
+        if hb.inflight is not None:
+            own = max(own, hb.time - hb.inflight.since)
+        return own + max(0.0, now - r.last_seen)
+
     def _decide_hang(self, job: _Job, now: float) -> FailureRecord | None:
         timeout = self.hang_timeout(job)
-        stuck: list[_Rank] = []
-        for r in job.ranks.values():
-            hb = r.last_heartbeat
-            if hb is None or hb.inflight is None or r.exit is not None:
-                continue
-            # Age of the in-flight op, as of the heartbeat, plus the time since that heartbeat arrived.
-            age = (hb.time - hb.inflight.since) + max(0.0, now - r.last_seen)
-            if age >= timeout:
-                stuck.append(r)
-        if not stuck:
+        live = [r for r in job.ranks.values() if r.exit is None and r.last_heartbeat is not None]
+        hung = [r for r in live if self._stalled_for(r, now) >= timeout]
+        if not hung:
             return None
-        oldest = min(stuck, key=lambda r: r.last_heartbeat.inflight.since)
-        inflight = oldest.last_heartbeat.inflight
-        onset = inflight.since
-        lookback = onset - self.settings.hardware_lookback_s
-        if inflight.kind != "collective":
-            cause = RootCause.CHECKPOINT_STALL if inflight.kind == "checkpoint" else RootCause.DATALOADER_STALL
-            hw = self._hardware_for([oldest], lookback)
-            if hw:
-                return self._hang_hw(job, hw, onset, now)
-            return self._record(job, Kind.HANG, cause, onset, now, 0.8, self._culprit(oldest),
-                                [evidence("training.state", inflight.kind, onset),
-                                 evidence("training.inflight.duration", round(now - onset, 1))],
-                                f"rank {oldest.who.rank} has been in {inflight.kind} for {now - onset:.0f} s",
-                                {"reason": inflight.kind, "stack_top": self._stack_top(oldest)})
-        pg, seq, op = inflight.pg, inflight.seq, inflight.op
-        at_seq = [r for r in job.ranks.values() if _inflight_at(r, pg, seq)]
-        expected = set(range(job.world_size)) if job.world_size else set(job.ranks)
-        behind: list[_Rank] = []
-        for r in job.ranks.values():
-            if r in at_seq:
-                continue
+        # Where each rank is in each process group: the highest collective it started (heartbeat counters, or the
+        # one it reports in flight). The front of a group is the highest any rank reached; a rank below the front
+        # never reached that collective. (A rank reporting an older collective of the group as in flight has in fact
+        # finished it: its peers could not have started the next one otherwise. Gloo's flight recorder never marks
+        # completion, so this happens.)
+        started: dict[str, dict[int, int]] = {}
+        for r in live:
             hb = r.last_heartbeat
-            started = hb.last_started_seq.get(pg, 0) if hb else 0
-            if seq is None or started < seq or r.exit is not None:
-                behind.append(r)
-        never_seen = sorted(expected - set(job.ranks))
-        hw = self._hardware_for(behind + at_seq, lookback)
+            for pg, seq in hb.last_started_seq.items():
+                started.setdefault(pg, {})[r.who.rank] = seq
+            if hb.inflight and hb.inflight.kind == "collective" and hb.inflight.seq is not None \
+                    and hb.inflight.pg is not None:
+                row = started.setdefault(hb.inflight.pg, {})
+                row[r.who.rank] = max(row.get(r.who.rank, 0), hb.inflight.seq)
+        pg, seq, behind_nos = None, None, []
+        for name, row in sorted(started.items(), key=lambda kv: -max(kv[1].values())):
+            front = max(row.values())
+            lagging = [rank for rank, s_ in row.items() if s_ < front]
+            lagging += [r.who.rank for r in live if r.who.rank not in row and name == "0"]
+            if lagging:
+                pg, seq, behind_nos = name, front, lagging
+                break
+        at_front = [r for r in live if pg is not None and started[pg].get(r.who.rank) == seq]
+        waiting = [r for r in (at_front or hung) if self._stalled_for(r, now) >= timeout]
+        if pg is not None and not waiting:
+            return None
+        dead_or_silent = [r for r in job.ranks.values() if r.exit is not None
+                          or r.last_seen < now - self.settings.heartbeat_timeout_s]
+        behind = [job.ranks[n] for n in behind_nos if n in job.ranks] + [r for r in dead_or_silent
+                                                                          if r.who.rank not in behind_nos]
+        reference = waiting or hung
+        onset_rank = max(reference, key=lambda r: self._stalled_for(r, now))
+        onset = now - self._stalled_for(onset_rank, now)
+        ops = [r.last_heartbeat.inflight.op for r in reference
+               if r.last_heartbeat.inflight and r.last_heartbeat.inflight.kind == "collective"]
+        op = max(set(ops), key=ops.count) if ops else None
+        if op is None and pg is None:
+            # No group disagrees: the ranks stand in one place. Data or checkpoint stalls show as what is in flight.
+            infl = [(r, r.last_heartbeat.inflight) for r in hung if r.last_heartbeat.inflight is not None]
+            non_coll = [(r, i) for r, i in infl if i.kind in ("data", "checkpoint")]
+            if non_coll:
+                r, i = non_coll[0]
+                cause = RootCause.CHECKPOINT_STALL if i.kind == "checkpoint" else RootCause.DATALOADER_STALL
+                hw = self._hardware_for([r], i.since - self.settings.hardware_lookback_s)
+                if hw:
+                    return self._hang_hw(job, hw, i.since, now)
+                return self._record(job, Kind.HANG, cause, i.since, now, 0.8, self._culprit(r),
+                                    [evidence("training.state", i.kind, i.since),
+                                     evidence("training.inflight.duration", round(now - i.since, 1))],
+                                    f"rank {r.who.rank} has been in {i.kind} for {now - i.since:.0f} s",
+                                    {"reason": i.kind, "stack_top": self._stack_top(r)})
+            coll = [(r, i) for r, i in infl if i.kind == "collective"]
+            if coll:
+                pg, seq = coll[0][1].pg, coll[0][1].seq
+                op = coll[0][1].op
+        if pg is None and not behind and len(hung) < len(live):
+            return None  # some ranks still progress: not a job-wide hang (yet)
+        lookback = onset - self.settings.hardware_lookback_s
+        hw = self._hardware_for(behind + (at_front or hung), lookback)
         if hw is not None:
             return self._hang_hw(job, hw, onset, now, op, seq)
-        base_ev = [evidence("stuck_ranks", ",".join(str(r.who.rank) for r in sorted(at_seq, key=_rank_no))),
-                   evidence("collective", f"{op} pg={pg} seq={seq}", onset),
+        what = f"{op or 'collective'} seq {seq}" if seq is not None else (op or "a collective")
+        base_ev = [evidence("stuck_ranks", ",".join(str(r.who.rank) for r in sorted(reference, key=_rank_no))),
+                   evidence("collective", f"{op or '?'} pg={pg} seq={seq}", onset),
                    evidence("hang_timeout_s", round(timeout, 1))]
         if behind:
-            behind.sort(key=lambda r: (r.last_heartbeat.last_started_seq.get(pg, 0) if r.last_heartbeat else -1,
-                                       r.who.rank))
+            behind.sort(key=lambda r: (started.get(pg, {}).get(r.who.rank, -1), r.who.rank))
             culprit = behind[0]
             hb = culprit.last_heartbeat
             silent = culprit.last_seen < now - self.settings.heartbeat_timeout_s
+            if culprit.stacks is None and not silent and culprit.exit is None \
+                    and now < onset + timeout + self.settings.stack_grace_s:
+                return None  # its watchdog sends the stack soon: where it is decides user vs software
             where = self._stack_top(culprit)
             state = hb.state if hb else None
             ev = list(base_ev)
             if hb:
-                ev.append(evidence(f"rank{culprit.who.rank}.last_started_seq", hb.last_started_seq.get(pg, 0),
-                                   hb.time))
+                ev.append(evidence(f"rank{culprit.who.rank}.last_started_seq", started.get(pg, {}).get(
+                    culprit.who.rank, 0), hb.time))
                 if hb.inflight is not None and hb.inflight.kind != "collective":
                     state = hb.inflight.kind
             if silent:
@@ -576,35 +618,38 @@ class Engine:
             else:
                 category, action = self._category_by_stack(culprit)
             others = [r.who.rank for r in behind[1:]]
-            summary = (f"rank {culprit.who.rank} never reached {op} seq {seq} (pg {pg}); "
-                       f"{len(at_seq)} rank(s) wait in it" + (f"; it is at {where}" if where else "")
+            summary = (f"rank {culprit.who.rank} never reached {what} (pg {pg}); "
+                       f"{len(reference)} rank(s) wait in it" + (f"; it is at {where}" if where else "")
                        + (f"; it has sent no heartbeat for {now - culprit.last_seen:.0f} s" if silent else "")
                        + (f"; ranks {others} are behind too" if others else ""))
             confidence = 0.9 if len(behind) == 1 else 0.7
             return self._record(job, Kind.HANG, cause, onset, now, confidence, self._culprit(culprit), ev, summary,
                                 {"op": op, "pg": pg, "seq": seq, "stack_top": where, "reason": state},
                                 category=category, action=action)
+        never_seen = sorted((set(range(job.world_size)) if job.world_size else set()) - set(job.ranks))
         if never_seen:
             return self._record(job, Kind.HANG, RootCause.RANK_NOT_IN_COLLECTIVE, onset, now, 0.6,
                                 Culprit(never_seen[0], None, None), base_ev,
-                                f"rank {never_seen[0]} never reported; the others wait in {op} seq {seq}",
+                                f"rank {never_seen[0]} never reported; the others wait in {what}",
                                 {"op": op, "pg": pg, "seq": seq})
-        ops = {(r.last_heartbeat.inflight.op, r.last_heartbeat.inflight.bytes) for r in at_seq}
-        if len(ops) > 1:
+        in_coll = [r for r in hung if r.last_heartbeat.inflight and r.last_heartbeat.inflight.kind == "collective"]
+        sigs = {(r.last_heartbeat.inflight.op, r.last_heartbeat.inflight.bytes) for r in in_coll}
+        if len(sigs) > 1:
             by_sig: dict[tuple, list[int]] = {}
-            for r in at_seq:
+            for r in in_coll:
                 i = r.last_heartbeat.inflight
                 by_sig.setdefault((i.op, i.bytes), []).append(r.who.rank)
             minority = min(by_sig.values(), key=len)
-            odd = next(r for r in at_seq if r.who.rank == minority[0])
+            odd = job.ranks[minority[0]]
             ev = base_ev + [evidence(f"ranks{','.join(map(str, ranks))}", f"{sig[0]} bytes={sig[1]}")
                             for sig, ranks in sorted(by_sig.items(), key=lambda kv: kv[1])]
             return self._record(job, Kind.HANG, RootCause.COLLECTIVE_MISMATCH, onset, now, 0.85, self._culprit(odd),
                                 ev, f"ranks called different collectives at seq {seq} (pg {pg}): " + "; ".join(
-                                    f"ranks {ranks}: {sig[0]} ({sig[1]} bytes)" for sig, ranks in by_sig.items()),
-                                {"op": "/".join(sorted(str(s[0]) for s in by_sig)), "pg": pg, "seq": seq})
+                                    f"ranks {ranks}: {sig[0]}" + (f" ({sig[1]} bytes)" if sig[1] else "")
+                                    for sig, ranks in by_sig.items()),
+                                {"op": "/".join(sorted(str(x[0]) for x in by_sig)), "pg": pg, "seq": seq})
         return self._record(job, Kind.HANG, RootCause.UNKNOWN, onset, now, 0.4, Culprit(), base_ev,
-                            f"every rank waits in {op} seq {seq} and no hardware or network fault was seen",
+                            f"every rank waits in {what} and no hardware or network fault was seen",
                             {"op": op, "pg": pg, "seq": seq})
 
     def _hang_hw(self, job: _Job, hw, onset: float, now: float, op=None, seq=None) -> FailureRecord:

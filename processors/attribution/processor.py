@@ -45,6 +45,9 @@ _GPU_COUNTERS = {G.REMAP_FAILURE.name: "row_remap_failure", G.PCIE_REPLAY.name: 
                  G.NVLINK_ERRORS.name: "nvlink_errors", G.XID_ERRORS.name: "xid"}
 _NIC_ERRORS = {N.IB_ERRORS.name, N.ETH_ERRORS.name}
 _NIC_UP = {N.IB_UP.name, N.ETH_UP.name}
+# The instrumentation says where an in-flight operation was seen; the engine needs only what it is.
+_INFLIGHT_KINDS = {"collective": "collective", "wait": "collective", "flight_recorder": "collective",
+                   "p2p": "collective", "data": "data", "checkpoint": "checkpoint"}
 
 
 def _value(any_value) -> Any:
@@ -181,7 +184,8 @@ class AttributionProcessor(Processor):
             inflight = body.get("inflight")
             infl = None
             if isinstance(inflight, dict) and inflight.get("since") is not None:
-                infl = Inflight(kind=str(inflight.get("kind") or "collective"), op=inflight.get("op"),
+                infl = Inflight(kind=_INFLIGHT_KINDS.get(str(inflight.get("kind")), str(inflight.get("kind"))),
+                                op=inflight.get("op"),
                                 pg=None if inflight.get("pg") is None else str(inflight.get("pg")),
                                 seq=_int(inflight.get("seq")), since=float(inflight["since"]),
                                 bytes=_int(inflight.get("bytes")))
@@ -189,7 +193,7 @@ class AttributionProcessor(Processor):
                 who, t, _int(body.get("step")), body.get("state"), infl,
                 {str(k): int(v) for k, v in (body.get("last_seq") or {}).items()},
                 {str(k): int(v) for k, v in (body.get("last_started_seq") or {}).items()},
-                body.get("stack_top")), now)
+                body.get("stack_top") or body.get("user_top"), _float(body.get("stalled_s"))), now)
         elif name == T.STACKS_EVENT.name:
             frames: list[dict] = []
             for thread in body.get("threads") or []:

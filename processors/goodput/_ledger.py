@@ -27,6 +27,7 @@ class JobLedger:
     failures: int = 0
     productive_since_checkpoint: float = 0.0
     hang_since: float | None = None
+    last_step_end: float = 0.0
 
     def touch(self, t: float, restart_count: int) -> None:
         if restart_count > self.restart_count:
@@ -53,6 +54,7 @@ class JobLedger:
             self.badput[B.HANG.value] += start - self.hang_since  # the job moved again (restarted or unstuck)
             self.hang_since = None
         duration = max(0.0, end - start)
+        self.last_step_end = max(self.last_step_end, end)
         self.badput[B.DATA_LOADING.value] += data_s
         self.badput[B.CHECKPOINT_SAVE.value] += ckpt_s
         work = max(0.0, duration - data_s - ckpt_s)
@@ -84,7 +86,7 @@ class JobLedger:
         self.badput[B.WASTED_PROGRESS.value] += wasted
         self.productive_since_checkpoint = 0.0
         if kind == "hang" and self.hang_since is None:
-            self.hang_since = onset
+            self.hang_since = max(onset, self.last_step_end)  # time already counted in a step is not hang time
         self.incarnation_end = detected
 
     def summary(self, now: float | None = None) -> dict:

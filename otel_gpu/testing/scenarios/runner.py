@@ -206,6 +206,7 @@ def run_scenario(scenario: Scenario, culprit_rank: int = 1, *, workdir: Path | N
     env = dict(os.environ, OTEL_GPU_FAULT=scenario.fault, OTEL_GPU_FAULT_RANK=str(culprit_rank),
                OTEL_GPU_STEPS=str(scenario.steps), OTEL_GPU_SCENARIO_DIR=str(workdir), OTEL_GPU_JOB_ID=job_id,
                OTEL_GPU_FAULT_WAIT_ACK="1" if scenario.wait_ack else "0", OTEL_GPU_HEARTBEAT_S="1",
+               OTEL_GPU_STACK_AFTER_S=str(max(2.0, hang_timeout_s / 2)),
                PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "otel_gpu", "run", "--endpoint", f"http://127.0.0.1:{grpc_port}", "--",
            sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={WORLD}",
