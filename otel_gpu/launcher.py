@@ -102,7 +102,8 @@ class ExitWatcher:
             ended = next((e for e in reversed(own) if e.get("kind") == "atexit"), None)
             signalled = next((e for e in reversed(own) if e.get("kind") == "signal"), None)
             exc = next((e for e in reversed(own) if e.get("kind") == "exception"), None)
-            rep = {"pid": pid, "rank": info.get("rank"), "local_rank": info.get("local_rank"),
+            t_end = (wait or {}).get("t") or next((e.get("t") for e in reversed(own)), None)
+            rep = {"pid": pid, "rank": info.get("rank"), "local_rank": info.get("local_rank"), "ended_at": t_end,
                    "role": info.get("role"), "host": info.get("host"), "argv": info.get("argv")}
             if direct is not None and pid == direct[0]:
                 rc = direct[1]
@@ -175,12 +176,13 @@ def run(cmd: list[str], endpoint: str | None = None, job_id: str | None = None, 
     from otel_gpu.instrumentation._export import OtlpClient
     from otel_gpu.instrumentation._identity import Identity
     from otel_gpu.instrumentation.config import InstrumentationConfig
+    from otel_gpu.schema import training as tr
 
     job_id = job_id or os.environ.get("OTEL_GPU_JOB_ID") or f"job-{uuid.uuid4().hex[:12]}"
     registry = tempfile.mkdtemp(prefix="otel-gpu-run-")
     env = launch_env(registry, endpoint, job_id)
     cfg = InstrumentationConfig.from_env(env)
-    identity = Identity(job_id, cfg.service_name, {**cfg.resource_attributes, "otel_gpu.role": "launcher"})
+    identity = Identity(job_id, cfg.service_name, {**cfg.resource_attributes, str(tr.PROCESS_ROLE): "launcher"})
     identity.rank = identity.local_rank = identity.world_size = None
     client = OtlpClient(cfg.endpoint, cfg.protocol, cfg.headers, cfg.export_timeout_s)
     watcher = ExitWatcher(registry)

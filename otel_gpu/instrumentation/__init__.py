@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.abc
+import importlib.util
 import logging
 import sys
 import threading
@@ -234,6 +236,37 @@ def _checkpoint_span(what: str, path: str | None) -> Iterator[None]:
         _hot.push((CKPT, what, t0, _time_ns(), path, NS["_step"], err))
 
 
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Calls ``callback(module)`` once, right after the module named ``name`` has been imported."""
+
+    def __init__(self, name: str, callback):
+        self.name = name
+        self.callback = callback
+
+    def find_spec(self, name, path=None, target=None):
+        if name != self.name:
+            return None
+        try:
+            sys.meta_path.remove(self)
+        except ValueError:
+            pass
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        loader, callback = spec.loader, self.callback
+        orig_exec = loader.exec_module
+
+        def exec_module(module):
+            orig_exec(module)
+            try:
+                callback(module)
+            except Exception:  # noqa: BLE001
+                _logger.debug("otel-gpu: post-import hook for %s failed", name, exc_info=True)
+
+        loader.exec_module = exec_module
+        return spec
+
+
 # ---------------------------------------------------------------------------------------------- instrumentor
 class TorchDistributedInstrumentor(BaseInstrumentor):
     """Wraps torch.distributed (one table for wrap and unwrap), hooks optimizer steps, data loading and checkpoints,
@@ -242,6 +275,7 @@ class TorchDistributedInstrumentor(BaseInstrumentor):
     _patches: list[tuple[object, str, object, object]] = []
     _runtime = None
     _step_hook = None
+    _dcp_hook = None
 
     def instrumentation_dependencies(self) -> Collection[str]:
         return ("torch >= 2.2",)
@@ -262,13 +296,9 @@ class TorchDistributedInstrumentor(BaseInstrumentor):
             out.append((c10d, "init_process_group", _wrap_init_process_group))
             out.append((c10d, "destroy_process_group", _wrap_destroy_process_group))
             out.append((c10d.Work, "wait", _hot.make_wait))
-            try:
-                import torch.distributed.checkpoint as dcp
-
-                out.append((dcp, "save", _wrap_checkpoint("save", None, "checkpoint_id")))
-                out.append((dcp, "load", _wrap_checkpoint("load", None, "checkpoint_id")))
-            except Exception:  # noqa: BLE001 - DCP missing or broken on this build
-                _logger.debug("torch.distributed.checkpoint not importable", exc_info=True)
+            dcp = sys.modules.get("torch.distributed.checkpoint")  # importing it costs ~1 s: only when used
+            if dcp is not None:
+                out.extend(self._dcp_targets(dcp))
         try:
             import torch.multiprocessing.spawn  # noqa: F401 - the package's spawn() function shadows the module
 
@@ -284,6 +314,44 @@ class TorchDistributedInstrumentor(BaseInstrumentor):
         out.append((torch, "load", _wrap_checkpoint("load", 0, "f")))
         return out
 
+    @staticmethod
+    def _dcp_targets(dcp):
+        return [(dcp, "save", _wrap_checkpoint("save", None, "checkpoint_id")),
+                (dcp, "load", _wrap_checkpoint("load", None, "checkpoint_id"))]
+
+    def _patch(self, targets) -> None:
+        try:
+            import torch.distributed as dist_pkg
+        except Exception:  # noqa: BLE001
+            dist_pkg = None
+        for owner, name, factory in targets:
+            orig = getattr(owner, name, None)
+            if orig is None or getattr(orig, "_otel_gpu_wrapper", False):
+                continue
+            try:
+                wrapper = factory(orig)
+            except Exception as exc:  # noqa: BLE001 - an unexpected signature: leave that one alone
+                _logger.warning("otel-gpu: not instrumenting %s.%s (%s)", getattr(owner, "__name__", owner), name,
+                                exc)
+                continue
+            wrapper._otel_gpu_wrapper = True
+            setattr(owner, name, wrapper)
+            self._patches.append((owner, name, orig, wrapper))
+            # torch.distributed re-exports the c10d functions: patch the alias too
+            if dist_pkg is not None and owner is not dist_pkg and getattr(dist_pkg, name, None) is orig:
+                setattr(dist_pkg, name, wrapper)
+                self._patches.append((dist_pkg, name, orig, wrapper))
+            if name in ("save", "load") and getattr(owner, "__name__", "") == "torch":
+                import torch.serialization as ser
+
+                if getattr(ser, name, None) is orig:
+                    setattr(ser, name, wrapper)
+                    self._patches.append((ser, name, orig, wrapper))
+
+    def _on_dcp_import(self, module) -> None:
+        if NS["_on"]:
+            self._patch(self._dcp_targets(module))
+
     def _instrument(self, **kwargs) -> None:
         from otel_gpu.instrumentation import _runtime
 
@@ -292,35 +360,11 @@ class TorchDistributedInstrumentor(BaseInstrumentor):
         _hot.reset(cfg.ring_size)
         rt = _runtime.Runtime(cfg)
         rt.start()  # sets TORCH_FR_BUFFER_SIZE before any process group is created from now on
-        patched = []
-        mirrors = []
-        try:
-            import torch.distributed as dist_pkg
-        except Exception:  # noqa: BLE001
-            dist_pkg = None
-        for owner, name, factory in self._targets():
-            orig = getattr(owner, name, None)
-            if orig is None:
-                continue
-            try:
-                wrapper = factory(orig)
-            except Exception as exc:  # noqa: BLE001 - an unexpected signature: leave that one alone
-                _logger.warning("otel-gpu: not instrumenting %s.%s (%s)", getattr(owner, "__name__", owner), name,
-                                exc)
-                continue
-            setattr(owner, name, wrapper)
-            patched.append((owner, name, orig, wrapper))
-            # torch.distributed re-exports the c10d functions: patch the alias too
-            if dist_pkg is not None and owner is not dist_pkg and getattr(dist_pkg, name, None) is orig:
-                setattr(dist_pkg, name, wrapper)
-                mirrors.append((dist_pkg, name, orig, wrapper))
-            if name in ("save", "load") and getattr(owner, "__name__", "") == "torch":
-                import torch.serialization as ser
-
-                if getattr(ser, name, None) is orig:
-                    setattr(ser, name, wrapper)
-                    mirrors.append((ser, name, orig, wrapper))
-        type(self)._patches = patched + mirrors
+        type(self)._patches = []
+        self._patch(self._targets())
+        if "torch.distributed.checkpoint" not in sys.modules:
+            type(self)._dcp_hook = _AfterImport("torch.distributed.checkpoint", self._on_dcp_import)
+            sys.meta_path.insert(0, type(self)._dcp_hook)
         try:
             from torch.optim.optimizer import register_optimizer_step_post_hook
 
@@ -339,6 +383,12 @@ class TorchDistributedInstrumentor(BaseInstrumentor):
 
     def _uninstrument(self, **kwargs) -> None:
         NS["_on"] = False
+        if type(self)._dcp_hook is not None:
+            try:
+                sys.meta_path.remove(type(self)._dcp_hook)
+            except ValueError:
+                pass
+            type(self)._dcp_hook = None
         for owner, name, orig, wrapper in reversed(type(self)._patches):
             if getattr(owner, name, None) is wrapper:
                 setattr(owner, name, orig)

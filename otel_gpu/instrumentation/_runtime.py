@@ -44,6 +44,11 @@ def note_failed_collective(op, g, seq, exc) -> None:
         rt.failed_collective = (op, g, seq, f"{type(exc).__name__}: {exc}"[:500])
 
 
+def _record_end_ns(rec: tuple) -> int:
+    kind = rec[0]
+    return int(rec[5] if kind in (COLL, WAIT) else rec[3] if kind in (STEP, CKPT) else rec[2])
+
+
 def _rand_id(n: int) -> bytes:
     return random.getrandbits(n * 8).to_bytes(n, "big")
 
@@ -120,6 +125,7 @@ class Runtime:
         self.counters = collections.Counter()
         self._last_progress_marker = None
         self._last_progress_ns = time.time_ns()
+        self._last_record_end_ns = 0
         self._stacks_sent_for = None
         self._exit_info: dict | None = None
         self._saved_hooks: dict = {}
@@ -175,6 +181,8 @@ class Runtime:
     # ---------------------------------------------------------------- identity / registry
     def on_process_group_created(self) -> None:
         NS["_dpg"] = None
+        if not self._steps_done:
+            self._step_t0 = time.time_ns()  # step 1 starts once the job is set up, not at import time
         self.identity.refresh_from_dist()
         self._agree_job_id()
         self._register()
@@ -237,7 +245,8 @@ class Runtime:
     def end_step(self, n: int, t0: int, t1: int, error: str | None) -> None:
         _hot.push((STEP, n, t0, t1, error))
         self._steps_done += 1
-        self._step_durs.append((t1 - t0) / 1e9)
+        if self._steps_done > 1:  # the first step carries warm-up (DDP set-up, lazy imports): not a baseline
+            self._step_durs.append((t1 - t0) / 1e9)
         self._step_t0 = t1
         NS["_step"] = n + 1
 
@@ -316,6 +325,8 @@ class Runtime:
             buf[i & mask] = None
             if rec is not None:
                 out.append(rec)
+        if out:
+            self._last_record_end_ns = max(self._last_record_end_ns, _record_end_ns(out[-1]))
         NS["_r"] = w
         if len(NS["_pend"]) > 65536:  # Works awaited through futures never come back to Work.wait
             NS["_pend"].clear()
@@ -356,7 +367,7 @@ class Runtime:
                          str(tr.COLL_ASYNC): bool(is_async), str(tr.COLL_PEER): peer,
                          str(tr.COLL_SOURCE): "python", str(tr.STEP): step}
                 if p2p:
-                    attrs["collective.p2p"] = True
+                    attrs[str(tr.COLL_P2P)] = True
                 span = [str(tr.COLLECTIVE_SPAN), step, t0, t1, attrs, err]
                 if not p2p and s is not None:
                     py_by_pg.setdefault(name, []).append([t0, t1, span])
@@ -463,7 +474,7 @@ class Runtime:
         attrs = {str(tr.COLL_OP): _flight.entry_op(e), str(tr.COLL_PG): pg, str(tr.COLL_PG_SIZE): size,
                  str(tr.COLL_SEQ): seq, str(tr.COLL_BYTES): nbytes, str(tr.COLL_DTYPE): dtype,
                  str(tr.COLL_SOURCE): "flight_recorder", str(tr.STEP): step,
-                 "collective.duration_known": bool(end)}
+                 str(tr.COLL_DURATION_KNOWN): bool(end)}
         return [str(tr.COLLECTIVE_SPAN), step, created, end or created, attrs, None]
 
     def _send_spans(self, spans: list) -> None:
@@ -521,10 +532,15 @@ class Runtime:
         """(attributes, body) of one heartbeat."""
         now = time.time_ns()
         cur = NS["_cur"]
-        marker = (NS["_w"], cur[3] if cur else None, self.fr.entries_seen)
+        marker = (NS["_w"], cur[3] if cur else None)  # Python-visible progress: records written, op changed
         if marker != self._last_progress_marker:
             self._last_progress_marker = marker
-            self._last_progress_ns = now
+            # when the progress happened (not when we noticed): the newest record's end, or the in-flight start
+            last = NS["_buf"][(NS["_w"] - 1) & NS["_M"]]
+            t = _record_end_ns(last) if last is not None else self._last_record_end_ns
+            if cur is not None:
+                t = max(t or 0, cur[3])
+            self._last_progress_ns = t or now
         stalled_s = (now - self._last_progress_ns) / 1e9
         if stalled_s >= self.cfg.heartbeat_s and self.fr_enabled:
             self.poll_flight_recorder()  # a C++ collective may be what we are stuck in
@@ -551,8 +567,8 @@ class Runtime:
             for name, e in self.fr.latest.items():
                 created = int(e.get("time_created_ns") or 0)
                 done = self.fr.last_completed.get(name, 0) >= int(e.get("collective_seq_id") or 0)
-                if not done and created >= self._last_progress_ns - int(self.cfg.heartbeat_s * 1e9) and (
-                        newest is None or created > newest[1]):
+                # issued after the last Python-visible progress (step end, data, collective) and not completed
+                if not done and created >= self._last_progress_ns and (newest is None or created > newest[1]):
                     newest = (name, created, e)
             if newest is not None:
                 name, created, e = newest
@@ -679,7 +695,8 @@ class Runtime:
             body = {"type": qual, "message": str(exc)[:4000], "hint": hint, "thread": thread_name,
                     "step": NS["_step"], "failed_collective": failed,
                     "frames": [{"file": f.filename, "line": f.lineno, "function": f.name}
-                               for f in traceback.extract_tb(tb)][-32:]}
+                               for f in traceback.extract_tb(tb) if not _is_internal(f.filename)
+                               or "/torch/" in f.filename][-32:]}
             self._registry_event({"kind": "exception", "type": qual, "hint": hint, "thread": thread_name})
             if thread_name == threading.main_thread().name:
                 self._exit_info = {"how": "exception", "code": 1, "hint": hint, "type": qual}
@@ -688,14 +705,16 @@ class Runtime:
         except Exception:  # noqa: BLE001
             _logger.debug("otel-gpu could not report an exception", exc_info=True)
 
+    _otel_gpu = True
+
     def _excepthook(self, exc_type, exc, tb) -> None:
-        if not issubclass(exc_type, SystemExit):
+        if not self._shut and not issubclass(exc_type, SystemExit):
             self.report_exception(exc_type, exc, tb, threading.current_thread().name)
         prev = self._saved_hooks.get("excepthook") or sys.__excepthook__
         prev(exc_type, exc, tb)
 
     def _threading_excepthook(self, args) -> None:
-        if args.exc_type is not None and not issubclass(args.exc_type, SystemExit):
+        if not self._shut and args.exc_type is not None and not issubclass(args.exc_type, SystemExit):
             name = args.thread.name if args.thread is not None else "?"
             self.report_exception(args.exc_type, args.exc_value, args.exc_traceback, name)
         prev = self._saved_hooks.get("threading_excepthook") or threading.__excepthook__

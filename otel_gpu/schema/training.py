@@ -39,6 +39,12 @@ COLL_PEER = attr("collective.peer", "int", "Peer rank of a point-to-point op (se
                  group=_G)
 COLL_SOURCE = attr("collective.source", "string", "How it was seen: python (wrapped API) or flight_recorder "
                    "(issued in C++, e.g. DDP's reducer or FSDP).", group=_G, values=("python", "flight_recorder"))
+COLL_P2P = attr("collective.p2p", "bool", "Point-to-point op (send/recv/isend/irecv); collective.seq then counts this "
+                "group's point-to-point ops issued from Python, not torch's collective sequence.", group=_G)
+COLL_DURATION_KNOWN = attr("collective.duration_known", "bool", "False on flight-recorder spans whose completion "
+                           "time torch did not record (gloo): the span then has zero length.", group=_G)
+PROCESS_ROLE = attr("otel_gpu.process.role", "string", "Resource attribute of the `otel-gpu run` launcher's own "
+                    "records.", group=_G, values=("launcher",))
 STATE = attr("training.state", "string", "What the rank is doing: step, collective, data, checkpoint, idle.",
              group=_G, values=("step", "collective", "data", "checkpoint", "idle"))
 INFLIGHT_SINCE = attr("training.inflight.since", "double", "When the in-flight operation started (unix s).", group=_G)
@@ -59,7 +65,8 @@ STEP_SPAN = span("otel_gpu.step", "One training step (optimizer step hook or ote
                  attributes=(STEP,))
 COLLECTIVE_SPAN = span("otel_gpu.collective", "One collective or point-to-point operation, issue to completion.",
                        group=_G, attributes=(COLL_OP, COLL_PG, COLL_PG_SIZE, COLL_SEQ, COLL_BYTES, COLL_DTYPE,
-                                             COLL_ASYNC, COLL_PEER, COLL_SOURCE, STEP))
+                                             COLL_ASYNC, COLL_PEER, COLL_SOURCE, COLL_P2P, COLL_DURATION_KNOWN,
+                                             STEP))
 WAIT_SPAN = span("otel_gpu.work.wait", "Waiting on an async collective's Work.wait().", group=_G,
                  attributes=(COLL_OP, COLL_PG, COLL_SEQ))
 DATA_SPAN = span("otel_gpu.data.wait", "Time the training loop waited for the next batch from a DataLoader.",

@@ -1,6 +1,6 @@
 """A 3-rank gloo job (mp.spawn) where rank 1 fails after two steps; an unmodified script (no otel_gpu import).
 
-Usage: python crash.py MODE PORT, MODE in raise | exit | kill | ok
+Usage: python crash.py MODE PORT, MODE in raise | exit | kill | exit_kill (rank 1 os._exit(3), rank 2 SIGKILL) | ok
 """
 from __future__ import annotations
 
@@ -32,6 +32,10 @@ def run(rank: int, world: int, port: int, mode: str) -> None:
                 os._exit(3)
             if mode == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
+            if mode == "exit_kill":
+                os._exit(3)
+        if step == 1 and rank == 2 and mode == "exit_kill":
+            os.kill(os.getpid(), signal.SIGKILL)
     dist.barrier()
     dist.destroy_process_group()
 
