@@ -152,3 +152,21 @@ def test_compute_straggler_is_named_within_ten_steps_and_thermal_throttle_explai
         assert step - onset_step < 10
         assert rec.kind.value == "slowdown" and rec.culprit.rank == 2
         assert rec.root_cause.value == ("gpu_thermal_throttle" if throttled else "straggler_compute")
+
+
+def test_launcher_stopping_the_survivors_does_not_make_them_culprits():
+    engine = Engine(EngineSettings(crash_settle_s=1.0))
+    # torchrun notices rank 2's death and SIGTERMs the others; their reports can arrive before rank 2's.
+    for r in (0, 1, 3):
+        engine.observe_exit(ExitSeen(who(r), T0 + 0.3, -15, "SIGTERM"), T0 + 0.3)
+    engine.observe_exit(ExitSeen(who(2), T0 + 0.1, -9, "SIGKILL"), T0 + 0.9)
+    (_, rec), = run_until(engine, T0 + 0.3, T0 + 4)
+    assert (rec.root_cause.value, rec.culprit.rank) == ("rank_process_died", 2)
+
+
+def test_clean_exits_are_not_failures():
+    engine = Engine()
+    for r in range(WORLD):
+        engine.observe_heartbeat(Heartbeat(who(r), T0, 60, "step", None), T0)
+        engine.observe_exit(ExitSeen(who(r), T0 + 1, 0 if r else None, None), T0 + 1)
+    assert run_until(engine, T0 + 1, T0 + 30) == []

@@ -83,7 +83,7 @@ FAILURE_SPAN = span("otel_gpu.failure", "One per failure record; carries every f
                     "failure from onset to detection.", group=_G,
                     attributes=(KIND, ROOT_CAUSE, CATEGORY, ACTION, AUTO_REMEDIABLE, CULPRIT_RANK, CULPRIT_HOST,
                                 CULPRIT_GPU, JOB_ID, ONSET_TIME, DETECTED_TIME, CONFIDENCE, EVIDENCE, SIGNATURE,
-                                RECURRENCE))
+                                RECURRENCE, XID))
 FAILURE_EVENT = event("otel_gpu.failure", "The whole failure record, for the embedded store and log backends.",
                       group=_G, body="the failure record as JSON (keys of DESIGN section 3)")
 

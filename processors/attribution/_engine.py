@@ -36,6 +36,8 @@ _XID_FATAL = {31, 43, 45, 46, 48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 
 # Exception hints that are what a healthy rank sees when a peer failed: consequences, not causes.
 _CONSEQUENCE_HINTS = {"peer_failure", "dist_timeout", "keyboard_interrupt"}
 _COMM_HINTS = {"gloo_error", "nccl_error"}
+# Signals a launcher (torchrun, Slurm) sends to the survivors after a failure, or a scheduler sends to stop a job.
+_STOP_SIGNALS = {"SIGTERM", "SIGINT", "SIGHUP"}
 # Clock-event reasons (NVML) that point at hardware, by root cause.
 _THROTTLE_CAUSES = (
     ({"hw_thermal_slowdown", "sw_thermal_slowdown"}, RootCause.GPU_THERMAL_THROTTLE),
@@ -203,8 +205,8 @@ class Engine:
             if len(job.ranks) >= self.settings.max_ranks_per_job:
                 raise OverflowError("too many ranks")
             rank = job.ranks[who.rank] = _Rank(who)
-        elif who.host and rank.who != who:
-            rank.who = who
+        elif rank.who != who:
+            rank.who = _merge(rank.who, who)
         return job, rank
 
     def observe_heartbeat(self, hb: Heartbeat, now: float) -> None:
@@ -228,7 +230,7 @@ class Engine:
         job, rank = self._rank(ex.who, now)
         if rank.exit is None:
             rank.exit = ex
-        if ex.code == 0 and ex.signal is None:
+        if ex.code in (0, None) and ex.signal is None:
             if job.world_size and sum(1 for r in job.ranks.values() if r.exit and r.exit.code == 0) >= job.world_size:
                 job.finished = True
             return
@@ -418,7 +420,7 @@ class Engine:
 
     def _decide_crash(self, job: _Job, now: float) -> FailureRecord | None:
         ranks = list(job.ranks.values())
-        failed = [r for r in ranks if r.exception or (r.exit and (r.exit.code != 0 or r.exit.signal))]
+        failed = [r for r in ranks if r.exception or (r.exit and (r.exit.code not in (0, None) or r.exit.signal))]
         if not failed:
             return None
         first_time = min(min((r.exception.time for r in failed if r.exception), default=now),
@@ -440,6 +442,12 @@ class Engine:
                 primaries.append((exc.time, r, cause, [evidence("exception.type", exc.type, exc.time),
                                                        evidence("exception.hint", exc.hint, exc.time)], details,
                                   summary))
+            elif exc is None and r.exit is not None and r.exit.signal in _STOP_SIGNALS and any(
+                    x is not r and (x.exception or (x.exit and x.exit.signal not in _STOP_SIGNALS)) for x in failed):
+                consequences.append(r)  # the launcher stops the survivors once one rank failed
+            elif exc is None and r.exit is not None and r.exit.signal in _STOP_SIGNALS and len(failed) > 1 and all(
+                    x.exception is None and x.exit is not None and x.exit.signal in _STOP_SIGNALS for x in failed):
+                consequences.append(r)  # the whole job was stopped (scheduler, Ctrl-C): not a crash
             elif exc is None and r.exit is not None:
                 how = f"was killed by {r.exit.signal}" if r.exit.signal else f"exited with code {r.exit.code}"
                 summary = f"rank {r.who.rank} {how} without raising an exception"
@@ -451,6 +459,9 @@ class Engine:
                                   {"signal": r.exit.signal or f"exit:{r.exit.code}"}, summary))
             else:
                 consequences.append(r)
+        if not primaries and consequences and all(
+                c.exception is None and c.exit is not None and c.exit.signal in _STOP_SIGNALS for c in consequences):
+            return None
         if not primaries:
             # Everyone who failed blames a peer: the culprit is the rank that went silent (or never failed).
             silent = [r for r in ranks if r not in failed and r.last_seen < now - self.settings.heartbeat_timeout_s]
@@ -595,8 +606,11 @@ class Engine:
             culprit = behind[0]
             hb = culprit.last_heartbeat
             silent = culprit.last_seen < now - self.settings.heartbeat_timeout_s
-            if culprit.stacks is None and not silent and culprit.exit is None \
-                    and now < onset + timeout + self.settings.stack_grace_s:
+            if self._fresh_stacks(culprit, onset) is None:
+                culprit_stacks, culprit.stacks = culprit.stacks, None  # a stale capture must not decide
+                if not silent and culprit.exit is None and now < onset + timeout + self.settings.stack_grace_s:
+                    culprit.stacks = culprit_stacks
+                    return None  # its watchdog sends the stack soon: where it is decides user vs software
                 return None  # its watchdog sends the stack soon: where it is decides user vs software
             where = self._stack_top(culprit)
             state = hb.state if hb else None
@@ -659,6 +673,10 @@ class Engine:
                             ev + [evidence("collective", f"{op} seq={seq}", onset)] if op else ev,
                             self._hw_summary(cause, rank, details) + (f"; the job hangs in {op} seq {seq}" if op else ""),
                             details)
+
+    def _fresh_stacks(self, rank: _Rank, onset: float) -> Stacks | None:
+        """The rank's latest stacks, when taken after ``onset`` (an older capture shows where it was, not is)."""
+        return rank.stacks if rank.stacks is not None and rank.stacks.time >= onset else None
 
     def _stack_top(self, rank: _Rank) -> str | None:
         if rank.stacks is not None:
@@ -815,7 +833,10 @@ class Engine:
             if job.incident_open is not None:
                 if now >= job.incident_deadline:
                     record = self._decide_crash(job, now)
-                    unexplained = record is not None and record.root_cause in (RootCause.UNKNOWN,)
+                    if record is None:
+                        job.finished = True  # stopped on purpose (every rank got SIGTERM/SIGINT): nothing to name
+                        continue
+                    unexplained = record.root_cause in (RootCause.UNKNOWN,)
                     if unexplained and not job.incident_extended:
                         job.incident_extended = True  # wait once more for the exit of the rank that died
                         job.incident_deadline = now + self.settings.crash_settle_s
@@ -856,6 +877,14 @@ class Engine:
         for table in (self.gpus, self.ports):
             for key in [k for k, v in table.items() if v.last_seen and v.last_seen < horizon]:
                 del table[key]
+
+
+def _merge(known: Identity, new: Identity) -> Identity:
+    """Fills what ``known`` lacks from ``new``; never overwrites (a launcher's report about a rank carries the
+    launcher's own pid and no local rank)."""
+    fields = {f: getattr(known, f) if getattr(known, f) is not None else getattr(new, f)
+              for f in ("host", "pid", "local_rank", "world_size", "gpu")}
+    return Identity(known.job_id, known.rank, restart_count=max(known.restart_count, new.restart_count), **fields)
 
 
 def _compute_s(st: StepSeen) -> float | None:

@@ -98,7 +98,7 @@ class ScenarioResult:
             return False
         if (f["kind"], f["root_cause"]) != (s.kind, s.root_cause):
             return False
-        return f["culprit"]["rank"] == self.culprit_rank or (s.culprit_is_node and f["culprit"]["host"])
+        return f["culprit"]["rank"] == self.culprit_rank or bool(s.culprit_is_node and f["culprit"]["host"])
 
 
 class FakeSysfs:
@@ -242,6 +242,8 @@ def run_scenario(scenario: Scenario, culprit_rank: int = 1, *, workdir: Path | N
             time.sleep(0.1)
         if attribution.records:
             time.sleep(1.0)  # a second record (which would be wrong) has a moment to show
+        # What was attributed while the job ran; stopping the job below is the runner's doing, not a fault.
+        result.records = [r.to_dict() for r in attribution.records]
     finally:
         if job.poll() is None:
             try:
@@ -255,7 +257,6 @@ def run_scenario(scenario: Scenario, culprit_rank: int = 1, *, workdir: Path | N
                 job.wait(5)
         result.exit_code = job.returncode
         collector.shutdown(timeout_s=10)
-    result.records = [r.to_dict() for r in attribution.records]
     result.wall_s = time.time() - start
     result.job_output = log_path.read_text(errors="replace")[-6000:]
     if own_dir and result.ok:
