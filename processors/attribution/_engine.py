@@ -638,7 +638,8 @@ class Engine:
                        + (f"; ranks {others} are behind too" if others else ""))
             confidence = 0.9 if len(behind) == 1 else 0.7
             return self._record(job, Kind.HANG, cause, onset, now, confidence, self._culprit(culprit), ev, summary,
-                                {"op": op, "pg": pg, "seq": seq, "stack_top": where, "reason": state},
+                                {"op": op, "pg": pg, "seq": seq, "stack_top": where, "reason": state,
+                                 "waiting": self._waiting(reference, now, op, pg, seq)},
                                 category=category, action=action)
         never_seen = sorted((set(range(job.world_size)) if job.world_size else set()) - set(job.ranks))
         if never_seen:
@@ -665,6 +666,14 @@ class Engine:
         return self._record(job, Kind.HANG, RootCause.UNKNOWN, onset, now, 0.4, Culprit(), base_ev,
                             f"every rank waits in {what} and no hardware or network fault was seen",
                             {"op": op, "pg": pg, "seq": seq})
+
+    def _waiting(self, ranks: list[_Rank], now: float, op, pg, seq, limit: int = 64) -> list[dict]:
+        """The ranks that wait in the hung collective (at most ``limit``), for the stuck-collective spans."""
+        out = []
+        for r in sorted(ranks, key=_rank_no)[:limit]:
+            out.append({"rank": r.who.rank, "host": r.who.host, "since": round(now - self._stalled_for(r, now), 3),
+                        "op": op, "pg": pg, "seq": seq})
+        return out
 
     def _hang_hw(self, job: _Job, hw, onset: float, now: float, op=None, seq=None) -> FailureRecord:
         rank, cause, hw_onset, ev, details, gpu = hw

@@ -110,7 +110,7 @@ class AttributionProcessor(Processor):
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._records: list[FailureRecord] = []  # everything reported, newest last (bounded)
-        self._tagging: dict[tuple[str, int], FailureRecord] = {}  # (job, rank) -> active record to tag spans with
+        self._tagging: dict[str, FailureRecord] = {}  # job -> the hang or slowdown its spans are tagged with
         self._clock = time.time
 
     # -- lifecycle -----------------------------------------------------------------------------------------------------
@@ -349,13 +349,17 @@ class AttributionProcessor(Processor):
         with self._lock:
             self._records.append(record)
             del self._records[:-1000]
-            if record.kind is not F.Kind.CRASH and record.culprit.rank is not None:
-                self._tagging[(record.job_id, record.culprit.rank)] = record
+            if record.kind is not F.Kind.CRASH:
+                self._tagging[record.job_id] = record
+            if len(self._tagging) > 1000:
+                self._tagging.pop(next(iter(self._tagging)))
         _logger.warning("failure: %s %s (%s) job=%s culprit=%s: %s", record.kind.value.upper(),
                         record.root_cause.value, record.category.value, record.job_id,
                         record.culprit.rank, record.summary)
         if self.host.has_consumer(Signal.TRACES):
             self.host.emit(Batch.from_message(Signal.TRACES, _failure_spans(record)))
+            if record.details.get("waiting"):
+                self.host.emit(Batch.from_message(Signal.TRACES, _stuck_spans(record)))
         if self.host.has_consumer(Signal.LOGS):
             self.host.emit(Batch.from_message(Signal.LOGS, _failure_logs(record)))
         if self.host.has_consumer(Signal.METRICS):
@@ -384,21 +388,30 @@ class AttributionProcessor(Processor):
         return req
 
     def _tag(self, batch: Batch) -> None:
-        """Adds failure.* attributes to the spans of ranks under an active slowdown or hang."""
+        """Adds failure.* attributes to the job's spans that end after the onset of its hang, or of its slowdown
+        while that lasts (the engine re-arms when steps are fast again)."""
         request = batch.message
         targets = []
         for i, rs in enumerate(request.resource_spans):
-            who = _identity(_attrs(rs.resource.attributes))
-            if who is not None and (who.job_id, who.rank) in self._tagging:
-                targets.append((i, self._tagging[(who.job_id, who.rank)]))
+            job = _attrs(rs.resource.attributes).get(str(I.JOB_ID))
+            record = self._tagging.get(str(job)) if job is not None else None
+            if record is None:
+                continue
+            if record.kind is F.Kind.SLOWDOWN:
+                state = self.engine.jobs.get(record.job_id)
+                if state is None or state.slowdown_active is None:
+                    del self._tagging[record.job_id]
+                    continue
+            targets.append((i, record))
         if not targets:
             return
         request = batch.mutable()
         for i, record in targets:
             kvs = _failure_kvs(record)
+            onset_ns = int(record.onset_time * 1e9)
             for ss in request.resource_spans[i].scope_spans:
                 for span in ss.spans:
-                    if span.end_time_unix_nano >= int(record.onset_time * 1e9):
+                    if span.end_time_unix_nano >= onset_ns:
                         span.attributes.extend(kvs)
 
 
@@ -464,6 +477,33 @@ def _failure_spans(record: FailureRecord) -> ExportTraceServiceRequest:
     span.attributes.extend(_failure_kvs(record))
     span.status.code = trace_pb2.Status.STATUS_CODE_ERROR
     span.status.message = record.summary[:500]
+    return req
+
+
+def _stuck_spans(record: FailureRecord) -> ExportTraceServiceRequest:
+    """One ``otel_gpu.collective`` span per rank that waits in the hung collective, from when it entered it to the
+    detection, tagged with the failure: the collective never completes, so no other span would show it."""
+    req = ExportTraceServiceRequest()
+    kvs = _failure_kvs(record)
+    for w in record.details.get("waiting", []):
+        rs = req.resource_spans.add()
+        _kv(rs.resource.attributes, str(I.SERVICE_NAME), "otel-gpu")
+        _kv(rs.resource.attributes, str(I.JOB_ID), record.job_id)
+        _kv(rs.resource.attributes, str(I.RANK), int(w["rank"]))
+        if w.get("host"):
+            _kv(rs.resource.attributes, str(I.HOST_NAME), w["host"])
+        ss = rs.scope_spans.add()
+        ss.scope.name = "otel_gpu.processors.attribution"
+        span = ss.spans.add(name=T.COLLECTIVE_SPAN.name, kind=trace_pb2.Span.SPAN_KIND_INTERNAL,
+                            trace_id=os.urandom(16), span_id=os.urandom(8),
+                            start_time_unix_nano=int(w["since"] * 1e9),
+                            end_time_unix_nano=int(max(record.detected_time, w["since"]) * 1e9))
+        for key, value in ((T.COLL_OP, w.get("op")), (T.COLL_PG, w.get("pg")), (T.COLL_SEQ, w.get("seq"))):
+            if value is not None:
+                _kv(span.attributes, str(key), value)
+        span.attributes.extend(kvs)
+        span.status.code = trace_pb2.Status.STATUS_CODE_ERROR
+        span.status.message = "stuck: " + record.summary[:400]
     return req
 
 
