@@ -182,6 +182,10 @@ class OtlpClient:
     def send_logs(self, request) -> bool:
         return self._send("logs", request)
 
+    def is_down(self) -> bool:
+        """True while requests are being dropped after a failure (callers can skip building them)."""
+        return time.monotonic() < self._down_until
+
     def reset_backoff(self) -> None:
         """Lets the next request through (used by the final flush)."""
         self._down_until = 0.0

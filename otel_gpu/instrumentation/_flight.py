@@ -75,11 +75,12 @@ class FlightRecorder:
     def _dumper(self):
         if self._dump is None:
             c10d = getattr(sys.modules.get("torch._C"), "_distributed_c10d", None)
-            fn = getattr(c10d, "_dump_fr_trace", None)
+            # torch >= 2.7 names first; before that the recorder was NCCL-only under _dump_nccl_trace*
+            fn = getattr(c10d, "_dump_fr_trace", None) or getattr(c10d, "_dump_nccl_trace", None)
             if fn is not None:
                 self._dump = lambda: pickle.loads(fn(includeCollectives=True, includeStackTraces=False))
             else:
-                fn = getattr(c10d, "_dump_fr_trace_json", None)
+                fn = getattr(c10d, "_dump_fr_trace_json", None) or getattr(c10d, "_dump_nccl_trace_json", None)
                 if fn is not None:
                     self._dump = lambda: json.loads(fn(includeCollectives=True))
         return self._dump

@@ -226,6 +226,4 @@ def make_wait(orig):
     fn = NS.pop("wait")
     fn.__wrapped__ = orig
     fn._otel_gpu_wrapper = True
-    if len(NS["_pend"]) > 65536:  # Works awaited through futures never come back here: keep it bounded
-        NS["_pend"].clear()
     return fn

@@ -444,7 +444,10 @@ class Runtime:
                 spans.append(span)
                 del self._pending_async[key]
         if spans:
-            self._send_spans(spans)
+            if not final and self.client.is_down():
+                self.counters["spans_dropped"] += len(spans)  # do not spend the GIL encoding what would be dropped
+            else:
+                self._send_spans(spans)
         self._send_queued_logs()
 
     def _is_own_pending(self, pg: str, created: int) -> bool:

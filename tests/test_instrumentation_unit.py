@@ -1,0 +1,152 @@
+"""In-process pieces of the instrumentation: config precedence, exception hints, the ring buffer under overflow,
+the generated wrappers, the OTLP client against a real sink and an absent one, the launcher's exit reasoning."""
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from otel_gpu.instrumentation import _export, _hot, _registry  # noqa: E402
+from otel_gpu.instrumentation._runtime import classify  # noqa: E402
+from otel_gpu.instrumentation.config import InstrumentationConfig  # noqa: E402
+from otel_gpu.launcher import ExitWatcher, launch_env  # noqa: E402
+from otel_gpu.testing.otlp_sink import OtlpSink  # noqa: E402
+
+
+def test_config_precedence_and_bad_values():
+    env = {"OTEL_GPU_HEARTBEAT_S": "0.5", "OTEL_GPU_STACK_AFTER_S": "nope", "OTEL_SERVICE_NAME": "trainer",
+           "OTEL_RESOURCE_ATTRIBUTES": "team=ml,cluster=a%2Cb", "OTEL_EXPORTER_OTLP_HEADERS": "x-token=abc"}
+    cfg = InstrumentationConfig.from_env(env, heartbeat_s=3)
+    assert cfg.heartbeat_s == 3  # argument wins
+    assert cfg.stack_after_s == 10.0  # bad env value warns and falls back
+    assert cfg.service_name == "trainer" and cfg.resource_attributes == {"team": "ml", "cluster": "a,b"}
+    assert cfg.headers == {"x-token": "abc"}
+    with pytest.raises(ValueError, match="heartbeat_s must be > 0"):
+        InstrumentationConfig.from_env({}, heartbeat_s=-1)
+    with pytest.raises(ValueError, match="unknown instrumentation option"):
+        InstrumentationConfig.from_env({}, heartbeat=1)
+
+
+@pytest.mark.parametrize("exc,hint", [
+    (torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), "cuda_oom"),
+    (RuntimeError("CUDA out of memory. Tried to allocate"), "cuda_oom"),
+    (RuntimeError("[gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:1234"), "peer_failure"),
+    (RuntimeError("Read error [127.0.0.1]:5: Connection reset by peer"), "peer_failure"),
+    (RuntimeError("NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system error"), "nccl_error"),
+    (RuntimeError("[gloo] Timed out waiting 1800000ms for recv operation to complete"), "dist_timeout"),
+    (RuntimeError("gloo: invalid argument"), "gloo_error"),
+    (RuntimeError("CUDA error: an illegal memory access was encountered"), "cuda_error"),
+    (KeyboardInterrupt(), "keyboard_interrupt"),
+    (ValueError("bad batch"), "user_code"),
+])
+def test_exception_hints(exc, hint):
+    assert classify(exc) == hint
+
+
+def _noop(tensor, op=None, group=None, async_op=False):
+    return "done"
+
+
+def test_generated_wrapper_keeps_the_signature_and_records_one_tuple():
+    _hot.reset(16)
+    wrapped = _hot.make_collective(_noop, "all_reduce", nbytes="tensor.nbytes", dtype="tensor.dtype")
+    _hot.NS["_on"] = True
+    try:
+        g = object()
+        t = torch.ones(4)
+        assert wrapped(t, None, g) == "done" and wrapped(t, group=g, async_op=False) == "done"
+        with pytest.raises(TypeError):
+            wrapped(t, bogus=1)
+        assert _hot.NS["_w"] == 2
+        rec = _hot.NS["_buf"][1]
+        assert rec[:4] == (_hot.COLL, "all_reduce", g, 2) and rec[6] == 16 and rec[7] == torch.float32
+        assert _hot.NS["_cur"] is None and _hot.NS["_done"][g] == 2
+    finally:
+        _hot.NS["_on"] = False
+
+
+def test_ring_overflow_drops_and_counts_never_blocks():
+    _hot.reset(16)
+    wrapped = _hot.make_collective(_noop, "all_reduce", nbytes=None, dtype=None)
+    _hot.NS["_on"] = True
+    try:
+        g = object()
+        t0 = time.perf_counter()
+        for _ in range(1000):
+            wrapped(torch.ones(1), group=g)
+        assert time.perf_counter() - t0 < 5
+        assert _hot.NS["_w"] == 16 and _hot.NS["_drops"] == 1000 - 16
+        assert _hot.NS["_seq"][g] == 1000  # the sequence keeps counting: seq stays torch's
+    finally:
+        _hot.NS["_on"] = False
+
+
+def test_failed_collective_is_recorded_and_reraised():
+    def boom(tensor, op=None, group=None, async_op=False):
+        raise RuntimeError("Connection closed by peer")
+
+    _hot.reset(16)
+    wrapped = _hot.make_collective(boom, "all_reduce", nbytes=None, dtype=None)
+    _hot.NS["_on"] = True
+    try:
+        with pytest.raises(RuntimeError, match="closed by peer"):
+            wrapped(torch.ones(1), group=object())
+        rec = _hot.NS["_buf"][0]
+        assert rec[0] == _hot.COLL and rec[-1].startswith("RuntimeError: Connection closed")
+        assert _hot.NS["_cur"] is None and not _hot.NS["_in"]
+    finally:
+        _hot.NS["_on"] = False
+
+
+def test_otlp_client_sends_to_a_sink_and_gives_up_fast_without_one():
+    res = _export.make_resource({"service.name": "t", "training.rank": 3})
+    with OtlpSink() as sink:
+        client = _export.OtlpClient(f"http://{sink.endpoint}", timeout_s=2)
+        req, ss = _export.trace_request(res)
+        _export.add_span(ss, "otel_gpu.step", b"\x01" * 16, b"\x02" * 8, None, 1, 2, {"training.step": 1})
+        assert client.send_traces(req)
+        assert client.send_logs(_export.logs_request(res, [("otel_gpu.progress", 5, {"training.step": 1},
+                                                            {"state": "idle"}, _export.INFO)]))
+        assert sink.span_count() == 1 and sink.log_records()[0].event_name == "otel_gpu.progress"
+        client.close()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    client = _export.OtlpClient(f"127.0.0.1:{port}", timeout_s=1)
+    t0 = time.monotonic()
+    assert not client.send_traces(req)
+    assert client.is_down() and not client.send_traces(req)  # backoff: dropped without trying
+    assert time.monotonic() - t0 < 1.5
+    assert client.failed == 1 and client.dropped_backoff == 1
+    client.close()
+
+
+def test_exit_watcher_names_signals_codes_and_vanished_processes(tmp_path):
+    folder = str(tmp_path)
+    dead = [os.fork() for _ in range(3)]
+    for i, pid in enumerate(dead):
+        if pid == 0:  # children: exit at once in three different ways
+            os._exit(0 if i == 0 else 7) if i < 2 else os.kill(os.getpid(), 9)
+    statuses = {pid: os.waitpid(pid, 0)[1] for pid in dead}
+    for rank, pid in enumerate(dead):
+        _registry.write_proc(folder, {"pid": pid, "role": "rank", "rank": rank})
+    _registry.append_wait(folder, dead[1], statuses[dead[1]])
+    _registry.append_wait(folder, dead[2], statuses[dead[2]])
+    _registry.write_proc(folder, {"pid": os.getpid(), "role": "rank", "rank": 9})  # alive: not reported
+    reports = {r["rank"]: r for r in ExitWatcher(folder, grace_s=0).scan()}
+    assert set(reports) == {0, 1, 2}
+    assert reports[0]["how"] == "vanished" and reports[0]["code"] is None  # nobody here reaped it with a record
+    assert reports[1]["code"] == 7 and reports[1]["no_atexit"] is True
+    assert reports[2]["signal"] == "SIGKILL" and reports[2]["how"] == "killed"
+
+
+def test_launch_env_prepends_the_bootstrap_and_keeps_pythonpath():
+    env = launch_env("/tmp/reg", "http://x:4317", "job-1", base={"PYTHONPATH": "/a:/b"})
+    parts = env["PYTHONPATH"].split(os.pathsep)
+    assert parts[0].endswith("_bootstrap") and parts[1:] == ["/a", "/b"]
+    assert env["OTEL_GPU_AUTO"] == "1" and env["OTEL_GPU_JOB_ID"] == "job-1"
+    assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://x:4317"
