@@ -313,3 +313,25 @@ def test_no_collector_the_job_finishes_normally_and_as_fast():
     assert inst.returncode == 0, inst.stderr[-2000:]
     assert inst.stderr.count("OTLP export to") <= 2  # one warning per rank, not one per batch
     assert inst_s < plain_s * 1.6 + 3.0, (plain_s, inst_s)
+
+
+def test_otel_gpu_run_torchrun_instruments_workers_not_the_agent_and_names_the_killed_worker():
+    torchrun = Path(PY).with_name("torchrun")
+    if not torchrun.exists():
+        pytest.skip("torchrun not installed")
+    seen = _run_seen([PY, "-m", "otel_gpu", "run", "--", str(torchrun), "--standalone", "--nproc-per-node", "2",
+                      "--max-restarts", "0", str(JOBS / "torchrun_job.py")], env={"KILL_RANK": "1"}, timeout_s=120)
+    assert seen.proc.returncode == 1
+    exits = _exits(seen)
+    assert exits[1]["signal"] == "SIGKILL" and exits[1]["local_rank"] == 1
+    agent = [b for _, _, b in seen.events("otel_gpu.process.exit") if b.get("role") == "agent"]
+    assert agent and agent[0]["code"] == 1
+    # the survivor failed in a collective because its peer vanished: a consequence, classified as such
+    survivor = seen.events("otel_gpu.exception", 0)
+    assert survivor and survivor[0][1]["exception.hint"] == "peer_failure"
+    assert exits[1]["ended_at"] <= exits[0]["ended_at"]
+    # workers were instrumented (job id from the launcher), the agent was not (no rank-less spans)
+    jobs = {r["training.job.id"] for r, *_ in seen.spans}
+    assert len(jobs) == 1 and all("training.rank" in r for r, *_ in seen.spans)
+    fr = [a for r, n, a, _ in seen.spans if a.get("collective.source") == "flight_recorder"]
+    assert fr, "DDP's all-reduces in torchrun workers"
