@@ -64,7 +64,7 @@ def test_generated_wrapper_keeps_the_signature_and_records_one_tuple():
         assert _hot.NS["_w"] == 2
         rec = _hot.NS["_buf"][1]
         assert rec[:4] == (_hot.COLL, "all_reduce", g, 2) and rec[6] == 16 and rec[7] == torch.float32
-        assert _hot.NS["_cur"] is None and _hot.NS["_done"][g] == 2
+        assert _hot.NS["_cur"] is None and _hot.NS["_seq"][g] == 2
     finally:
         _hot.NS["_on"] = False
 

@@ -116,7 +116,7 @@ def _wrap_destroy_process_group(orig):
     def destroy_process_group(group=None):
         try:
             if group is None:
-                for key in ("_seq", "_p2p", "_done"):
+                for key in ("_seq", "_p2p"):
                     NS[key].clear()
                 NS["_pend"].clear()
                 from otel_gpu.instrumentation import _runtime
@@ -126,7 +126,7 @@ def _wrap_destroy_process_group(orig):
                     rt.flush(1.0)
                     rt.cpp_count.clear()
             else:
-                for key in ("_seq", "_p2p", "_done"):
+                for key in ("_seq", "_p2p"):
                     NS[key].pop(group, None)
         except Exception:  # noqa: BLE001
             pass

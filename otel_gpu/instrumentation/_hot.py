@@ -40,7 +40,6 @@ def reset(ring_size: int) -> None:
         _drops=0,
         _seq={},  # group -> collectives issued from Python
         _p2p={},  # group -> point-to-point ops issued from Python
-        _done={},  # group -> last completed Python seq
         _pend={},  # id(Work) -> (op, group, seq, issue_t0)
         _cur=None,  # (op, group, seq, t0_ns, kind) of the in-flight operation, or None
         _in=False,  # inside a wrapped collective: torch's own nested calls (send -> isend) are not counted twice
@@ -163,11 +162,8 @@ def {op}({params}):
     t1 = _ns()
     _cur = None
     _in = False
-    if {is_async}:
-        if r is not None:
-            _pend[_id(r)] = ({op!r}, g, {seq_expr}, t0)
-    else:
-        _done[g] = {seq_expr}
+    if {is_async} and r is not None:
+        _pend[_id(r)] = ({op!r}, g, {seq_expr}, t0)
     i = _w
     if i - _r < _N:
         _buf[i & _M] = (0, {op!r}, g, {seq_expr}, t0, t1, {nbytes or 'None'}, {dtype or 'None'}, {is_async}, \
@@ -208,7 +204,6 @@ def wait(self, *args, **kwargs):
         raise
     t1 = _ns()
     _cur = None
-    _done[p[1]] = p[2]
     i = _w
     if i - _r < _N:
         _buf[i & _M] = (1, p[0], p[1], p[2], t0, t1, p[3], _step, None)

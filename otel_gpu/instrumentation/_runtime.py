@@ -102,7 +102,8 @@ class Runtime:
         self.client = _export.OtlpClient(cfg.endpoint, cfg.protocol, cfg.headers, cfg.export_timeout_s)
         self.fr = _flight.FlightRecorder()
         self.fr_enabled = False
-        self.fr_inbox: list[dict] = []
+        self.fr_inbox: list[dict] = []  # entries read by either thread, for the export thread
+        self._fr_lock = threading.Lock()
         self.fr_hold: list[dict] = []
         self.cpp_count: dict[str, int] = {}  # pg name -> collectives seen only in the flight recorder
         self._py_windows: dict[str, collections.deque] = {}  # pg name -> (t0, t1) of recent Python collectives
@@ -202,7 +203,7 @@ class Runtime:
             if self.identity.rank == 0:
                 store.set(key, self.job_id)
             else:
-                store.wait([key], datetime.timedelta(seconds=10))
+                store.wait([key], datetime.timedelta(seconds=5))
                 self.job_id = store.get(key).decode()
             self.identity.job_id = self.job_id
             self.identity.version += 1
@@ -297,7 +298,8 @@ class Runtime:
             return
         entries = self.fr.poll()
         if entries:
-            self.fr_inbox.extend(entries)  # list.extend is atomic under the GIL
+            with self._fr_lock:
+                self.fr_inbox.extend(entries)
             self.counters["fr_polls"] += 1
 
     # ---------------------------------------------------------------- export
@@ -348,8 +350,9 @@ class Runtime:
         drain_ns = time.time_ns()
         records = self._drain()
         self.poll_flight_recorder(force=final and self.fr_enabled)
-        fr_entries = self.fr_hold + self.fr_inbox
-        self.fr_inbox = []
+        with self._fr_lock:
+            fr_entries = self.fr_hold + self.fr_inbox
+            self.fr_inbox = []
         self.fr_hold = []
         spans: list[tuple] = []  # (name, step, start, end, attrs, error)
         # Python collectives by pg name, for matching against the flight recorder
