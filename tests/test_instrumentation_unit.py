@@ -150,3 +150,46 @@ def test_launch_env_prepends_the_bootstrap_and_keeps_pythonpath():
     assert parts[0].endswith("_bootstrap") and parts[1:] == ["/a", "/b"]
     assert env["OTEL_GPU_AUTO"] == "1" and env["OTEL_GPU_JOB_ID"] == "job-1"
     assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://x:4317"
+
+
+def test_otlp_client_http_protobuf_posts_to_v1_paths_with_headers():
+    import http.server
+
+    from opentelemetry.proto.collector.logs.v1 import logs_service_pb2
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+
+    got = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            msg = (trace_service_pb2.ExportTraceServiceRequest() if self.path == "/v1/traces"
+                   else logs_service_pb2.ExportLogsServiceRequest())
+            msg.ParseFromString(body)
+            got.append((self.path, self.headers["Content-Type"], self.headers.get("x-token"), msg))
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    import threading
+
+    th = threading.Thread(target=server.serve_forever, daemon=True)
+    th.start()
+    try:
+        client = _export.OtlpClient(f"http://127.0.0.1:{server.server_address[1]}", protocol="http/protobuf",
+                                    headers={"x-token": "s3"}, timeout_s=2)
+        res = _export.make_resource({"training.rank": 1})
+        req, ss = _export.trace_request(res)
+        _export.add_span(ss, "otel_gpu.collective", b"\x01" * 16, b"\x02" * 8, None, 1, 2, {"collective.seq": 4})
+        assert client.send_traces(req)
+        assert client.send_logs(_export.logs_request(res, [("otel_gpu.stacks", 1, {}, {"top": "x"}, _export.WARN)]))
+    finally:
+        server.shutdown()
+    assert [(p, ct, tok) for p, ct, tok, _ in got] == [("/v1/traces", "application/x-protobuf", "s3"),
+                                                        ("/v1/logs", "application/x-protobuf", "s3")]
+    assert got[0][3].resource_spans[0].scope_spans[0].spans[0].name == "otel_gpu.collective"
+    assert got[1][3].resource_logs[0].scope_logs[0].log_records[0].event_name == "otel_gpu.stacks"
