@@ -58,7 +58,6 @@ def hot_path(n: int, reps: int) -> dict:
         _hot.NS["_buf"][:] = [None] * _hot.NS["_N"]
         _hot.NS["_w"] = _hot.NS["_r"] = 0
         _hot.NS["_seq"].clear()
-        _hot.NS["_done"].clear()
 
     def loop_bare(k):
         for _ in range(k):

@@ -8,7 +8,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections import Counter, defaultdict
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
@@ -238,9 +238,12 @@ def test_a_rank_raising_is_reported_with_type_hint_and_exit(crash_raise):
     assert b["frames"][-1]["function"] == "run"
     exits = _exits(crash_raise)
     assert exits[1]["code"] == 1 and exits[1]["how"] == "exception"
-    # the others were stopped by torch.multiprocessing after rank 1 failed: consequences, and later
-    assert exits[0]["signal"] == "SIGTERM" and exits[2]["signal"] == "SIGTERM"
-    assert exits[1]["ended_at"] <= min(exits[0]["ended_at"], exits[2]["ended_at"])
+    # the others are consequences: stopped by torch.multiprocessing (SIGTERM) after rank 1 failed, or failed first
+    # in the collective rank 1 never joined (peer_failure), whichever came first
+    for rank in (0, 2):
+        other = exits[rank]
+        assert other["signal"] == "SIGTERM" or other.get("exception", {}).get("hint") == "peer_failure", other
+        assert exits[1]["ended_at"] <= other["ended_at"] + 0.5  # the parent reaps in its own order
     res = crash_raise.events("otel_gpu.process.exit")[0][0]
     assert res["training.job.id"].startswith("job-")
 

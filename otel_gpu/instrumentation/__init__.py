@@ -359,9 +359,10 @@ class TorchDistributedInstrumentor(BaseInstrumentor):
         cfg = InstrumentationConfig.from_env(**options)
         _hot.reset(cfg.ring_size)
         rt = _runtime.Runtime(cfg)
-        rt.start()  # sets TORCH_FR_BUFFER_SIZE before any process group is created from now on
+        rt.enable_flight_recorder()  # TORCH_FR_BUFFER_SIZE, before any process group is created from now on
         type(self)._patches = []
-        self._patch(self._targets())
+        self._patch(self._targets())  # imports torch here, in the calling thread, before our threads start
+        rt.start()
         if "torch.distributed.checkpoint" not in sys.modules:
             type(self)._dcp_hook = _AfterImport("torch.distributed.checkpoint", self._on_dcp_import)
             sys.meta_path.insert(0, type(self)._dcp_hook)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import sys
 import threading
 import time
 import urllib.request
@@ -125,6 +127,15 @@ class OtlpClient:
 
     def _grpc_stubs(self):
         if self._trace_stub is None:
+            if "grpc" not in sys.modules and "GRPC_ENABLE_FORK_SUPPORT" not in os.environ:
+                # DataLoader workers fork while our export thread may be inside gRPC: without this, gRPC logs
+                # "skipping fork() handlers" at every fork. Children never use our channel (instrumentation is off
+                # after fork). Read once at import; not left in the environment for the user's own processes.
+                os.environ["GRPC_ENABLE_FORK_SUPPORT"] = "false"
+                try:
+                    import grpc
+                finally:
+                    os.environ.pop("GRPC_ENABLE_FORK_SUPPORT", None)
             import grpc
             from opentelemetry.proto.collector.logs.v1 import logs_service_pb2_grpc
             from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
@@ -140,6 +151,13 @@ class OtlpClient:
                              else grpc.insecure_channel(target, options=opts))
             self._trace_stub = trace_service_pb2_grpc.TraceServiceStub(self._channel)
             self._logs_stub = logs_service_pb2_grpc.LogsServiceStub(self._channel)
+            # the same methods taking pre-serialized request bytes
+            self._raw_trace = self._channel.unary_unary(
+                "/opentelemetry.proto.collector.trace.v1.TraceService/Export", request_serializer=None,
+                response_deserializer=None)
+            self._raw_logs = self._channel.unary_unary(
+                "/opentelemetry.proto.collector.logs.v1.LogsService/Export", request_serializer=None,
+                response_deserializer=None)
         return self._trace_stub, self._logs_stub
 
     def _send(self, signal: str, request) -> bool:
@@ -153,14 +171,18 @@ class OtlpClient:
                 url = self.endpoint.rstrip("/")
                 if not url.startswith("http"):
                     url = "http://" + url
-                req = urllib.request.Request(url + f"/v1/{signal}", data=request.SerializeToString(), method="POST",
+                data = request if isinstance(request, bytes) else request.SerializeToString()
+                req = urllib.request.Request(url + f"/v1/{signal}", data=data, method="POST",
                                              headers={"Content-Type": "application/x-protobuf", **self.headers})
                 with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
                     resp.read()
             else:
                 trace_stub, logs_stub = self._grpc_stubs()
-                stub = trace_stub if signal == "traces" else logs_stub
-                stub.Export(request, timeout=self.timeout_s, metadata=tuple(self.headers.items()) or None)
+                if isinstance(request, bytes):  # already serialized (see _pbenc)
+                    call = self._raw_trace if signal == "traces" else self._raw_logs
+                else:
+                    call = (trace_stub if signal == "traces" else logs_stub).Export
+                call(request, timeout=self.timeout_s, metadata=tuple(self.headers.items()) or None)
         except Exception as exc:  # noqa: BLE001 - telemetry never raises into the host
             with self._lock:
                 self.failed += 1

@@ -19,7 +19,7 @@ import threading
 import time
 import traceback
 
-from otel_gpu.instrumentation import _export, _flight, _hot, _registry
+from otel_gpu.instrumentation import _export, _flight, _hot, _pbenc, _registry
 from otel_gpu.instrumentation._hot import CKPT, COLL, DATA, NS, STEP, WAIT
 from otel_gpu.instrumentation._identity import Identity, job_id_from_env
 from otel_gpu.instrumentation.config import InstrumentationConfig
@@ -32,6 +32,7 @@ _RUNTIME: Runtime | None = None
 _FORK_HOOKED = False
 _MAX_SPANS_PER_REQUEST = 2000
 _ASYNC_HOLD_NS = 10_000_000_000
+_SCOPE_BYTES = _export.SCOPE.SerializeToString()
 
 
 def current() -> Runtime | None:
@@ -108,6 +109,8 @@ class Runtime:
         self.cpp_count: dict[str, int] = {}  # pg name -> collectives seen only in the flight recorder
         self._py_windows: dict[str, collections.deque] = {}  # pg name -> (t0, t1) of recent Python collectives
         self._res_version = -1
+        self._resource_bytes: tuple = (None, b"")
+        self._ids_cache: dict = {}
         self._resource = None
         self._pg_info: dict[int, tuple[object, str, int]] = {}  # id(pg) -> (pg, name, size)
         self._export_lock = threading.Lock()
@@ -137,8 +140,7 @@ class Runtime:
     def start(self) -> None:
         global _RUNTIME
         _RUNTIME = self
-        if self.cfg.flight_recorder:
-            self.fr_enabled = _flight.enable_env(self.cfg.flight_recorder_size)
+        self.enable_flight_recorder()
         for name, target in (("otel-gpu-export", self._export_loop), ("otel-gpu-watchdog", self._watchdog_loop)):
             th = threading.Thread(target=target, name=name, daemon=True)
             th.start()
@@ -146,6 +148,11 @@ class Runtime:
         if self.cfg.crash_hooks:
             self._install_hooks()
         self._register()
+
+    def enable_flight_recorder(self) -> None:
+        """Sets TORCH_FR_BUFFER_SIZE for process groups created from now on (idempotent)."""
+        if self.cfg.flight_recorder and not self.fr_enabled:
+            self.fr_enabled = _flight.enable_env(self.cfg.flight_recorder_size)
 
     def shutdown(self, timeout_s: float | None = None, reason: str = "shutdown") -> None:
         """Flushes (bounded) and stops the threads. Safe to call twice."""
@@ -257,8 +264,8 @@ class Runtime:
         if info is None or info[0] is not g:
             name, size = "?", -1
             try:
-                from torch.distributed import distributed_c10d as c10d
-
+                # never import torch from these threads: the main thread may be importing it right now
+                c10d = sys.modules["torch.distributed.distributed_c10d"]
                 name = str(c10d._get_process_group_name(g))
             except Exception:  # noqa: BLE001
                 name = str(getattr(g, "group_name", "?"))
@@ -271,10 +278,9 @@ class Runtime:
         return info[1], info[2]
 
     def _all_pgs(self) -> list:
+        c10d = sys.modules.get("torch.distributed.distributed_c10d")  # not imported from a background thread
         try:
-            from torch.distributed import distributed_c10d as c10d
-
-            return list(c10d._world.pg_map.keys())
+            return list(c10d._world.pg_map.keys()) if c10d is not None else []
         except Exception:  # noqa: BLE001
             return []
 
@@ -336,9 +342,16 @@ class Runtime:
 
     def _trace_ids(self, step: int) -> tuple[bytes, bytes]:
         """Same trace for step n on every rank of the job; the step span's id is per rank."""
-        tid = hashlib.sha256(f"{self.job_id}:{step}".encode()).digest()[:16]
-        sid = hashlib.sha256(f"{self.job_id}:{self.identity.rank}:{self.identity.pid}:{step}".encode()).digest()[:8]
-        return tid, sid
+        key = (step, self.job_id, self.identity.rank)
+        ids_ = self._ids_cache.get(key)
+        if ids_ is None:
+            tid = hashlib.sha256(f"{self.job_id}:{step}".encode()).digest()[:16]
+            sid = hashlib.sha256(f"{self.job_id}:{self.identity.rank}:{self.identity.pid}:{step}".encode()
+                                 ).digest()[:8]
+            if len(self._ids_cache) > 1024:
+                self._ids_cache.clear()
+            ids_ = self._ids_cache[key] = (tid, sid)
+        return ids_
 
     def _step_at(self, t_ns: int) -> int:
         for n, t_end in reversed(self._step_ends):
@@ -485,15 +498,19 @@ class Runtime:
 
     def _send_spans(self, spans: list) -> None:
         resource = self.resource()
+        if self._resource_bytes[0] is not resource:
+            self._resource_bytes = (resource, resource.SerializeToString())
+        step_name = str(tr.STEP_SPAN)
         for i in range(0, len(spans), _MAX_SPANS_PER_REQUEST):
-            req, ss = _export.trace_request(resource)
+            encoded = []
             for name, step, t0, t1, attrs, err in spans[i:i + _MAX_SPANS_PER_REQUEST]:
                 trace_id, step_span_id = self._trace_ids(step if step is not None else 0)
-                if name == str(tr.STEP_SPAN):
-                    _export.add_span(ss, name, trace_id, step_span_id, None, t0, t1, attrs, err)
+                if name == step_name:
+                    encoded.append(_pbenc.span(name, trace_id, step_span_id, None, t0, t1, attrs, err))
                 else:
-                    _export.add_span(ss, name, trace_id, _rand_id(8), step_span_id, t0, t1, attrs, err)
-            n = len(ss.spans)
+                    encoded.append(_pbenc.span(name, trace_id, _rand_id(8), step_span_id, t0, t1, attrs, err))
+            n = len(encoded)
+            req = _pbenc.trace_request(self._resource_bytes[1], _SCOPE_BYTES, encoded)
             if self.client.send_traces(req):
                 self.counters["spans_sent"] += n
             else:
