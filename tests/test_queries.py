@@ -77,7 +77,8 @@ def exported_failure_span_attributes() -> set[str]:
 
     record = FailureRecord(kind=F.Kind.HANG, root_cause=F.RootCause.RANK_NOT_IN_COLLECTIVE, job_id="job-1",
                            onset_time=100.0, detected_time=109.0, confidence=0.9,
-                           culprit=Culprit(rank=3, host="node-a", gpu=3), evidence=["progress seq=41 @105"])
+                           culprit=Culprit(rank=3, host="node-a", gpu=3), evidence=["progress seq=41 @105"],
+                           details={"xid": 79})
     request = attribution._failure_spans(record)
     (span,) = [s for rs in request.resource_spans for ss in rs.scope_spans for s in ss.spans]
     assert span.name == F.FAILURE_SPAN.name
