@@ -141,13 +141,14 @@ def real_all_reduce(n: int, reps: int) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------ DDP
-def ddp_worker(rank: int, world: int, port: int, steps: int, instrumented: bool, out_path: str) -> None:
+def ddp_worker(rank: int, world: int, port: int, steps: int, instrumented, out_path: str) -> None:
+    """instrumented: True, False, or "alternate" (blocks of 40 steps, instrumented and not, same processes)."""
     import torch
     import torch.distributed as dist
 
-    if instrumented:
-        import otel_gpu
+    import otel_gpu
 
+    if instrumented:
         otel_gpu.instrument()
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -159,12 +160,24 @@ def ddp_worker(rank: int, world: int, port: int, steps: int, instrumented: bool,
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x, y = torch.randn(64, 512), torch.randint(0, 10, (64,))
     times = []
+    block = 40
     for i in range(steps):
+        if instrumented == "alternate" and i % block == 0:
+            on = (i // block) % 2 == 0
+            if on and not otel_gpu.instrumentation.is_instrumented():
+                otel_gpu.instrument()
+            elif not on and otel_gpu.instrumentation.is_instrumented():
+                otel_gpu.uninstrument()
+            dist.barrier()
         t0 = time.perf_counter()
         opt.zero_grad()
         torch.nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
-        times.append(time.perf_counter() - t0)
+        dt = time.perf_counter() - t0
+        if instrumented == "alternate":
+            times.append((dt, otel_gpu.instrumentation.is_instrumented(), i % block >= 5))
+        else:
+            times.append(dt)
     if rank == 0:
         with open(out_path, "w") as fh:
             json.dump(times, fh)
@@ -195,8 +208,17 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--pairs", type=int, default=2)
+    parser.add_argument("--alternate-only", action="store_true", help="only the same-job DDP comparison")
     args = parser.parse_args()
     n, reps = (20000, 3) if args.quick else (200000, 5)
+    if not args.alternate_only:
+        micro(n, reps)
+    if args.quick:
+        return
+    ddp(args)
+
+
+def micro(n: int, reps: int) -> None:
     hp = hot_path(n, reps)
     print("== hot path, ns per call (best of %d x %d calls) ==" % (reps, n))
     for k, v in hp.items():
@@ -208,23 +230,35 @@ def main() -> None:
     for k, v in ra.items():
         print(f"  {k:32s} {v:10.1f}")
     print(f"  ratio instrumented/plain: {ra['gloo_all_reduce_instrumented_ns'] / ra['gloo_all_reduce_ns']:.3f}")
-    if args.quick:
-        return
+
+
+def ddp(args) -> None:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from otel_gpu.testing.otlp_sink import OtlpSink
 
     warm = args.steps // 5
     plain, inst = [], []
     with OtlpSink() as sink:
-        for _ in range(args.pairs):
+        for _ in range(0 if args.alternate_only else args.pairs):
             plain.extend(ddp_job(args.steps, False, sink.endpoint)[warm:])
             inst.extend(ddp_job(args.steps, True, sink.endpoint)[warm:])
         spans = sink.span_count()
-    mp_, mi = statistics.median(plain), statistics.median(inst)
+    mp_, mi = (statistics.median(plain), statistics.median(inst)) if plain else (float("nan"),) * 2
     print("== DDP step (2 gloo ranks, MLP 512-1024-1024-10, batch 64), rank 0, after %d warm-up steps ==" % warm)
-    print(f"  uninstrumented median {mp_ * 1e3:8.3f} ms  (n={len(plain)})")
-    print(f"  instrumented   median {mi * 1e3:8.3f} ms  (n={len(inst)}, spans received by the sink: {spans})")
-    print(f"  ratio instrumented/uninstrumented: {mi / mp_:.4f}")
+    if plain:
+        print("  separate jobs, alternated A B A B (includes the flight recorder's own C++ cost):")
+        print(f"  uninstrumented median {mp_ * 1e3:8.3f} ms  (n={len(plain)})")
+        print(f"  instrumented   median {mi * 1e3:8.3f} ms  (n={len(inst)}, spans received by the sink: {spans})")
+        print(f"  ratio instrumented/uninstrumented: {mi / mp_:.4f}")
+    with OtlpSink() as sink:
+        alt = ddp_job(args.steps * 2, "alternate", sink.endpoint)
+    on = [dt for dt, inst_, steady in alt[2 * 40:] if inst_ and steady]
+    off = [dt for dt, inst_, steady in alt[2 * 40:] if not inst_ and steady]
+    print("  same job, blocks of 40 steps instrumented / uninstrumented in turn (flight recorder on throughout; "
+          "first 5 steps of each block skipped):")
+    print(f"  uninstrumented median {statistics.median(off) * 1e3:8.3f} ms  (n={len(off)})")
+    print(f"  instrumented   median {statistics.median(on) * 1e3:8.3f} ms  (n={len(on)})")
+    print(f"  ratio instrumented/uninstrumented: {statistics.median(on) / statistics.median(off):.4f}")
 
 
 if __name__ == "__main__":

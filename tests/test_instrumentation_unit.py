@@ -193,3 +193,28 @@ def test_otlp_client_http_protobuf_posts_to_v1_paths_with_headers():
                                                         ("/v1/logs", "application/x-protobuf", "s3")]
     assert got[0][3].resource_spans[0].scope_spans[0].spans[0].name == "otel_gpu.collective"
     assert got[1][3].resource_logs[0].scope_logs[0].log_records[0].event_name == "otel_gpu.stacks"
+
+
+def test_hand_encoded_spans_parse_as_otlp():
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+
+    from otel_gpu.instrumentation import _pbenc
+
+    res = _export.make_resource({"training.rank": 3})
+    attrs = {"collective.op": "all_reduce", "collective.seq": 300000, "neg": -5, "ok": False, "d": 1.5,
+             "l": ["a", "b"], "none": None, "big": 2**40}
+    raw = [_pbenc.span("otel_gpu.collective", b"\x01" * 16, b"\x02" * 8, b"\x03" * 8, 5, 3, attrs, "Err: x"),
+           _pbenc.span("otel_gpu.step", b"\x01" * 16, b"\x04" * 8, None, 7, 9, {"training.step": 2})]
+    req = trace_service_pb2.ExportTraceServiceRequest.FromString(
+        _pbenc.trace_request(res.SerializeToString(), _export.SCOPE.SerializeToString(), raw))
+    rs = req.resource_spans[0]
+    assert rs.resource == res and rs.scope_spans[0].scope.name == "otel_gpu.instrumentation"
+    a, b = rs.scope_spans[0].spans
+    assert (a.name, a.kind, a.start_time_unix_nano, a.end_time_unix_nano) == ("otel_gpu.collective", 1, 5, 5)
+    assert a.parent_span_id == b"\x03" * 8 and a.status.code == 2 and a.status.message == "Err: x"
+    got = {kv.key: kv.value for kv in a.attributes}
+    assert got["collective.op"].string_value == "all_reduce" and got["collective.seq"].int_value == 300000
+    assert got["neg"].int_value == -5 and got["ok"].bool_value is False and got["d"].double_value == 1.5
+    assert [v.string_value for v in got["l"].array_value.values] == ["a", "b"] and "none" not in got
+    assert got["big"].int_value == 2**40
+    assert b.parent_span_id == b"" and b.status.code == 0 and b.attributes[0].value.int_value == 2
