@@ -132,6 +132,8 @@ class Runtime:
         self._last_record_end_ns = 0
         self._stacks_sent_for = None
         self._exit_info: dict | None = None
+        self._flushing: int | None = None  # thread id inside flush()
+        self._deferred_signal: tuple | None = None
         self._saved_hooks: dict = {}
         self._pid = os.getpid()
         self._shut = False
@@ -174,17 +176,25 @@ class Runtime:
     def flush(self, timeout_s: float | None = None) -> bool:
         """Exports what is buffered now, from the calling thread, within ``timeout_s``."""
         timeout_s = self.cfg.flush_timeout_s if timeout_s is None else timeout_s
+        if self._flushing == threading.get_ident():
+            return False  # re-entered from a signal handler while this thread flushes: the outer flush finishes
         if not self._export_lock.acquire(timeout=timeout_s):
             return False
+        self._flushing = threading.get_ident()
+        ok = True
         try:
             self.client.reset_backoff()
             self._cycle(final=True)
         except Exception:  # noqa: BLE001
             _logger.debug("otel-gpu flush failed", exc_info=True)
-            return False
+            ok = False
         finally:
+            self._flushing = None
             self._export_lock.release()
-        return True
+        deferred, self._deferred_signal = self._deferred_signal, None
+        if deferred is not None:  # a signal arrived during the flush: act on it now that the data is out
+            self._chain_signal(*deferred)
+        return ok
 
     # ---------------------------------------------------------------- identity / registry
     def on_process_group_created(self) -> None:
@@ -750,9 +760,16 @@ class Runtime:
             self._registry_event({"kind": "signal", "signal": name})
             self.log(tr.SIGNAL_EVENT, {str(tr.EXIT_SIGNAL): name, str(tr.STEP): NS["_step"]},
                      {"signal": name, "step": NS["_step"]}, severity=_export.WARN, now=True)
+            if self._flushing == threading.get_ident():
+                # the signal interrupted a flush of this thread (e.g. after an exception): let it finish first
+                self._deferred_signal = (signum, frame)
+                return
             self.flush()
         except Exception:  # noqa: BLE001
             pass
+        self._chain_signal(signum, frame)
+
+    def _chain_signal(self, signum, frame) -> None:
         prev = self._saved_hooks.get(signum)
         if callable(prev):
             prev(signum, frame)
