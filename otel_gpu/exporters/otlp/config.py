@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-__all__ = ["OtlpExporterConfig", "OtlpHttpExporterConfig", "QueueConfig", "RetryConfig", "TlsConfig"]
+__all__ = ["OtlpExporterConfig", "OtlpHttpExporterConfig", "PersistentQueueConfig", "QueueConfig", "RetryConfig",
+           "TlsConfig"]
 
 
 @dataclass
@@ -40,18 +41,40 @@ class RetryConfig:
 
 
 @dataclass
+class PersistentQueueConfig:
+    """``sending_queue.persistent``: keep the queue on disk (SQLite) so that it survives a restart; see README."""
+
+    path: str = ""  # a directory; empty: the queue lives in memory only
+    max_size_mib: float = 256.0  # bound on the stored request bytes
+    sync: str = "normal"  # normal: survives a killed collector; full: fsync per batch, survives power loss
+    full_policy: str = "drop_oldest"  # when full: drop_oldest (queued, not in flight) or drop_newest
+
+    def validate(self) -> None:
+        if self.max_size_mib <= 0:
+            raise ValueError(f"max_size_mib must be > 0 (got {self.max_size_mib})")
+        if self.sync not in ("normal", "full"):
+            raise ValueError(f"sync must be normal or full (got {self.sync!r})")
+        if self.full_policy not in ("drop_oldest", "drop_newest"):
+            raise ValueError(f"full_policy must be drop_oldest or drop_newest (got {self.full_policy!r})")
+
+
+@dataclass
 class QueueConfig:
-    """A bounded in-memory queue of batches, drained by ``num_consumers`` threads; a full queue drops."""
+    """A bounded queue of batches (in memory, or on disk with ``persistent.path``), drained by ``num_consumers``
+    threads; a full queue drops."""
 
     enabled: bool = True  # false: export() sends (and retries) on the caller's thread, blocking the receiver
     queue_size: int = 1000  # batches
     num_consumers: int = 10
+    persistent: PersistentQueueConfig = field(default_factory=PersistentQueueConfig)
 
     def validate(self) -> None:
         if self.queue_size < 1:
             raise ValueError(f"queue_size must be >= 1 (got {self.queue_size})")
         if self.num_consumers < 1:
             raise ValueError(f"num_consumers must be >= 1 (got {self.num_consumers})")
+        if self.persistent.path and not self.enabled:
+            raise ValueError("persistent.path needs enabled: true (a disabled queue sends on the caller's thread)")
 
 
 @dataclass
