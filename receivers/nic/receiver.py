@@ -27,7 +27,7 @@ __all__ = ["CounterTracker", "NicReceiver"]
 
 _logger = logging.getLogger(__name__)
 _SCOPE = "otel_gpu.receivers.nic"
-_U32, _U64 = 1 << 32, 1 << 64
+_U32, _U64, _I64 = 1 << 32, 1 << 64, 1 << 63
 
 # IB counters that are traffic, not errors: (file, metric kind, direction, scale to the metric's unit).
 _IB_TRAFFIC = {"port_xmit_data": ("io", "transmit", 4), "port_rcv_data": ("io", "receive", 4),
@@ -72,7 +72,7 @@ def _state_id(raw: bytes | None) -> int | None:
     if not raw:
         return None
     head = raw.split(b":", 1)[0].strip()
-    return int(head) if head.isdigit() else None
+    return int(head) if head.isdigit() and len(head) <= 9 else None  # state ids are small; no int64 overflow
 
 
 def _ib_rate_bytes(raw: bytes | None) -> float | None:
@@ -85,6 +85,8 @@ def _ib_rate_bytes(raw: bytes | None) -> float | None:
     except (IndexError, ValueError):
         return None
     unit = parts[1] if len(parts) > 1 else b"Gb/sec"
+    if not 0 <= value < 1e6:  # nan, inf, negative or absurd: not a link rate
+        return None
     scale = {b"Gb/sec": 1e9, b"Mb/sec": 1e6, b"Tb/sec": 1e12}.get(unit, 1e9)
     return value * scale / 8
 
@@ -272,7 +274,7 @@ class NicReceiver(Receiver):
         s = port.series
         for name, (path, group, direction, scale) in port.counters.items():
             raw = _read_int(path)
-            if raw is None:
+            if raw is None or not 0 <= raw < _U64:  # kernel counters are u64: anything else is garbage, skipped
                 continue
             tracker = port.trackers.get(name)
             if tracker is None:
@@ -289,7 +291,8 @@ class NicReceiver(Receiver):
                 if tracker.start_ns != start_before:
                     _logger.info("%s: %s counter %s reset (now %d); rate restarts from this baseline",
                                  self.host.component_id, port.label, name, raw)
-            mb.add(series, tracker.cumulative * scale)
+            total = tracker.cumulative * scale
+            mb.add(series, total if total < _I64 else float(total))  # past int64 (wrapped u64 counters): a double
             if rate is not None:
                 rseries = s.get(("rate", name))
                 if rseries is None:

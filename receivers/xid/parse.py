@@ -14,9 +14,11 @@ from dataclasses import dataclass
 
 __all__ = ["XidLine", "parse_line", "pci_key", "pci_text"]
 
-_XID = re.compile(r"NVRM: Xid \(PCI:([0-9A-Fa-f:.]+)\): (\d+)(?:,\s*(.*))?")
-_PID = re.compile(r"pid=(\d+)")
-_KMSG = re.compile(r"^\d+,\d+,(\d+),[^;]*;")
+# re.ASCII: only 0-9 are digits (int() would also take e.g. Arabic-Indic digits).
+_XID = re.compile(r"NVRM: Xid \(PCI:([0-9A-Fa-f:.]+)\): (\d+)(?:,\s*(.*))?", re.ASCII)
+_PID = re.compile(r"pid=(\d+)", re.ASCII)
+_KMSG = re.compile(r"^\d+,\d+,(\d+),[^;]*;", re.ASCII)
+_INT32, _INT64 = 1 << 31, 1 << 63  # the kernel prints XID codes and pids as int; kmsg time is a u64 of microseconds
 
 
 @dataclass(frozen=True)
@@ -56,7 +58,12 @@ def parse_line(line: str) -> XidLine | None:
         pci = pci_text(pci_key(m.group(1)))
     except ValueError:
         return None
+    code = int(m.group(2))
+    if code >= _INT32:  # not a code the driver can print; an int64 attribute could not even hold some of these
+        return None
     rest = (m.group(3) or "").strip()
-    pid = _PID.search(rest)
-    k = _KMSG.match(line)
-    return XidLine(int(m.group(2)), pci, int(pid.group(1)) if pid else None, rest, int(k.group(1)) if k else None)
+    pid_m, k = _PID.search(rest), _KMSG.match(line)
+    pid = int(pid_m.group(1)) if pid_m else None
+    monotonic_us = int(k.group(1)) if k else None
+    return XidLine(code, pci, pid if pid is not None and pid < _INT32 else None, rest,
+                   monotonic_us if monotonic_us is not None and monotonic_us < _INT64 else None)
