@@ -158,6 +158,21 @@ def test_steps_data_waits_checkpoints_and_identity(collectives_job):
     assert grad.parent_span_id == step_spans[(0, 2)].span_id
 
 
+def test_fsdp2_collectives_are_seen_through_the_flight_recorder():
+    seen = _run_seen([PY, str(JOBS / "fsdp.py"), str(free_port())])
+    if seen.proc.returncode != 0 and "fully_shard" in seen.proc.stderr:
+        pytest.skip("FSDP2 not usable on this torch build (CPU/gloo)")
+    assert seen.proc.returncode == 0, seen.proc.stderr[-3000:]
+    per_rank = []
+    for rank in (0, 1):
+        fr = seen.collectives(rank, "flight_recorder")
+        ops = {a["collective.op"] for a in fr}
+        assert "all_gather" in ops or "all_gather_into_tensor" in ops or "_allgather_base" in ops, ops
+        assert {a["training.step"] for a in fr} >= {1, 2}
+        per_rank.append([(a["collective.op"], a["collective.seq"]) for a in fr])
+    assert per_rank[0] == per_rank[1] and len(per_rank[0]) >= 8
+
+
 # ------------------------------------------------------------------------------------------------ hang
 @pytest.fixture(scope="module")
 def hang_job() -> Seen:
