@@ -1,0 +1,55 @@
+"""Settings of the ``compact`` processor, with their defaults.
+
+Example:
+    >>> from otel_gpu.config import build
+    >>> cfg = build(CompactConfig, {"job_id": "llama-7b-run3"}, "processors.compact")
+    >>> cfg.job_id, "otel_gpu.collective" in cfg.spans
+    ('llama-7b-run3', False)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from otel_gpu.schema import gpu as G
+from otel_gpu.schema import nic as N
+from otel_gpu.schema import training as T
+
+__all__ = ["CompactConfig", "DEFAULT_EVENTS", "DEFAULT_METRICS", "DEFAULT_SPANS"]
+
+#: What cross-rank attribution and goodput read from logs: heartbeats, stacks, exceptions, signals, exits, XIDs.
+DEFAULT_EVENTS = (T.PROGRESS_EVENT.name, T.STACKS_EVENT.name, T.EXCEPTION_EVENT.name, T.SIGNAL_EVENT.name,
+                  T.EXIT_EVENT.name, G.XID_EVENT.name)
+#: Step, data-wait and checkpoint spans (one per rank per step at most); never the per-collective spans.
+DEFAULT_SPANS = (T.STEP_SPAN.name, T.DATA_SPAN.name, T.CKPT_SAVE_SPAN.name, T.CKPT_LOAD_SPAN.name)
+#: The hardware evidence attribution uses (XID, ECC, row remap, NVLink, PCIe replay, throttling, process-to-GPU
+#: map, NIC errors and link state) and the per-rank step duration; not utilisation, power, clocks or byte rates.
+DEFAULT_METRICS = (G.XID_ERRORS.name, G.ECC_ERRORS.name, G.REMAP_FAILURE.name, G.NVLINK_ERRORS.name,
+                   G.PCIE_REPLAY.name, G.CLOCK_EVENT_ACTIVE.name, G.PROCESS_MEMORY.name, N.IB_ERRORS.name,
+                   N.IB_UP.name, N.ETH_ERRORS.name, N.ETH_UP.name, T.STEP_DURATION.name)
+
+
+@dataclass
+class CompactConfig:
+    """What a node sidecar forwards to its job's aggregator.
+
+    Attributes:
+        job_id: ``training.job.id`` stamped on node signals that carry none (GPU, NIC and XID records). Empty: the
+            job ids the training processes on this node reported within ``job_idle_s`` (usually one job per node).
+        job_idle_s: how long a job learned from its training processes stays this node's job after its last record.
+        events: log records kept, by event name.
+        spans: spans kept, by name.
+        metrics: metrics kept, by name.
+    """
+
+    job_id: str | None = None  # None or "": learn it (``${env:OTEL_GPU_JOB_ID:-}`` expands to null)
+    job_idle_s: float = 120.0
+    events: list[str] = field(default_factory=lambda: list(DEFAULT_EVENTS))
+    spans: list[str] = field(default_factory=lambda: list(DEFAULT_SPANS))
+    metrics: list[str] = field(default_factory=lambda: list(DEFAULT_METRICS))
+
+    def validate(self) -> None:
+        if not self.job_idle_s > 0:
+            raise ValueError(f"job_idle_s must be > 0 (got {self.job_idle_s})")
+        for key in ("events", "spans", "metrics"):
+            if any(not name for name in getattr(self, key)):
+                raise ValueError(f"{key} must not contain empty names")

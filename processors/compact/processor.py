@@ -1,0 +1,152 @@
+"""The ``compact`` processor: what a node sidecar forwards to its job's aggregator.
+
+Cross-rank attribution needs each rank's heartbeats, stacks, exceptions and exits, its step/data/checkpoint spans and
+the node's hardware evidence, not every collective span (tens per step per rank: most of a training job's telemetry).
+This processor keeps the first and drops the rest, and stamps ``training.job.id`` on the node's own signals (GPU, NIC,
+XID), so that every resource it forwards names its job: the OpenTelemetry Collector's loadbalancing exporter can then
+route all of a job's data to one aggregator.
+
+It never changes the batch it is given (a receiver hands the same batch to every pipeline, and the full traces still
+go to the backend through another one): it passes it on as it is when nothing is to be dropped or stamped, and builds
+a new, smaller request otherwise.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from otel_gpu.component import Processor
+from otel_gpu.pdata import Batch, Signal
+from otel_gpu.schema import identity as I
+
+__all__ = ["CompactProcessor"]
+
+_logger = logging.getLogger(__name__)
+
+_JOB = str(I.JOB_ID)
+# signal -> (resource list, scope list, item list, the item's name field)
+_SHAPE = {
+    Signal.TRACES: ("resource_spans", "scope_spans", "spans", "name"),
+    Signal.LOGS: ("resource_logs", "scope_logs", "log_records", "event_name"),
+    Signal.METRICS: ("resource_metrics", "scope_metrics", "metrics", "name"),
+}
+
+
+def _job_of(attributes) -> str | None:
+    for kv in attributes:
+        if kv.key == _JOB:
+            return kv.value.string_value or None
+    return None
+
+
+class CompactProcessor(Processor):
+    """Keeps what the aggregator needs, names the job on every resource. See the module docstring."""
+
+    def __init__(self, config, host):
+        super().__init__(config, host)
+        self._keep = {Signal.TRACES: frozenset(config.spans), Signal.LOGS: frozenset(config.events),
+                      Signal.METRICS: frozenset(config.metrics)}
+        self._lock = threading.Lock()
+        self._jobs: dict[str, float] = {}  # job id -> when its training processes last sent something here
+        self._clock = time.monotonic
+        #: items passed on, filtered out, and node items dropped because no job was known (per signal)
+        self.stats: dict[str, dict[str, int]] = {s.value: {"kept": 0, "filtered": 0, "unassigned": 0}
+                                                 for s in Signal}
+
+    def jobs(self) -> list[str]:
+        """The jobs node signals are stamped with now: the configured one, else those seen within job_idle_s."""
+        if self.config.job_id:
+            return [self.config.job_id]
+        horizon = self._clock() - self.config.job_idle_s
+        with self._lock:
+            for job in [j for j, t in self._jobs.items() if t < horizon]:
+                del self._jobs[job]
+            return sorted(self._jobs)
+
+    def _learn(self, job: str, now: float) -> None:
+        with self._lock:
+            if job not in self._jobs and len(self._jobs) >= 64:  # bounded: a node runs a handful of jobs at most
+                del self._jobs[min(self._jobs, key=self._jobs.__getitem__)]
+            self._jobs[job] = now
+
+    def process(self, batch: Batch) -> Batch | None:
+        signal = batch.signal
+        res_field, scope_field, item_field, name_field = _SHAPE[signal]
+        keep = self._keep[signal]
+        stats = self.stats[signal.value]
+        now = self._clock()
+        request = batch.message
+        plan: list[tuple[Any, list[str] | None, list[tuple[Any, list[Any]]]]] = []
+        changed = False
+        node_jobs: list[str] | None = None
+        for res in getattr(request, res_field):
+            job = _job_of(res.resource.attributes)
+            if job is not None:
+                self._learn(job, now)
+            scopes = []
+            for scope in getattr(res, scope_field):
+                items = getattr(scope, item_field)
+                kept = [item for item in items if getattr(item, name_field) in keep]
+                if len(kept) != len(items):
+                    changed = True
+                    stats["filtered"] += len(items) - len(kept)
+                if kept:
+                    scopes.append((scope, kept))
+            if not scopes:
+                changed = True
+                continue
+            jobs: list[str] | None = None
+            if job is None:
+                changed = True
+                jobs = self._jobs_in_items(signal, scopes)
+                if not jobs:
+                    if node_jobs is None:
+                        node_jobs = self.jobs()
+                    jobs = node_jobs
+                if not jobs:
+                    n = sum(len(k) for _, k in scopes)
+                    stats["unassigned"] += n
+                    self.host.log_once("unassigned", logging.INFO, "compact: node %s arrived before any training "
+                                       "process reported a job; they are not forwarded until one does (set "
+                                       "processors.compact.job_id to name the job up front; logged once)",
+                                       signal.value)
+                    continue
+            plan.append((res, jobs, scopes))
+            stats["kept"] += sum(len(k) for _, k in scopes) * (len(jobs) if jobs else 1)
+        if not changed:
+            return batch
+        if not plan:
+            return None
+        out = signal.request_type()()
+        out_resources = getattr(out, res_field)
+        for res, jobs, scopes in plan:
+            for job in jobs or (None,):
+                r = out_resources.add()
+                r.resource.CopyFrom(res.resource)
+                if res.schema_url:
+                    r.schema_url = res.schema_url
+                if job is not None:
+                    r.resource.attributes.add(key=_JOB).value.string_value = job
+                out_scopes = getattr(r, scope_field)
+                for scope, kept in scopes:
+                    s = out_scopes.add()
+                    s.scope.CopyFrom(scope.scope)
+                    if scope.schema_url:
+                        s.schema_url = scope.schema_url
+                    getattr(s, item_field).extend(kept)
+        return Batch.from_message(signal, out)
+
+    @staticmethod
+    def _jobs_in_items(signal: Signal, scopes) -> list[str]:
+        """A launcher's log records may name the job in their attributes rather than the resource."""
+        if signal is not Signal.LOGS:
+            return []
+        found = []
+        for _, kept in scopes:
+            for record in kept:
+                job = _job_of(record.attributes)
+                if job is not None and job not in found:
+                    found.append(job)
+        return found[:1]

@@ -1,0 +1,292 @@
+"""The aggregator role (DESIGN section 5): node sidecars forward compact per-rank records to the job's aggregator.
+
+- The example configs (docs/examples/sidecar.yaml, aggregator.yaml) load with our config loader.
+- The compact processor keeps heartbeats and step records, drops collective spans, and never changes the batch that
+  the full-traces pipeline exports.
+- Two real collector subprocesses on loopback (sidecar -> aggregator): a 4-rank job that hangs on rank 2 ends up as a
+  hang record naming rank 2 in the aggregator's store (``otel-gpu report --format json``); the collective spans reach
+  the backend through the sidecar but never the aggregator.
+- Every resource the sidecar forwards (traces, metrics, logs, node GPU records included) carries training.job.id, the
+  routing key of the OpenTelemetry Collector's loadbalancing exporter.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+import yaml
+from opentelemetry.proto.collector.logs.v1 import logs_service_pb2_grpc
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from collector_proc import free_port, start_collector
+from otel_gpu.collector import registry
+from otel_gpu.collector.config import load_file, load_text
+from otel_gpu.collector.runtime import Collector
+from otel_gpu.otlp_build import LogsBuilder, MetricsBuilder, attributes
+from otel_gpu.pdata import Batch, Signal
+from otel_gpu.schema import gpu as G
+from otel_gpu.schema import training as T
+from otel_gpu.testing.otlp_sink import OtlpSink
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "docs" / "examples"
+JOB = "job-agg-7"
+WORLD = 4
+
+
+def _resource(rank: int, host: str = "node-a") -> dict:
+    return {"training.job.id": JOB, "training.rank": rank, "training.world_size": WORLD, "training.local_rank": rank,
+            "host.name": host, "process.pid": 100 + rank, "service.name": "train"}
+
+
+def _spans(rank: int, steps: range, collectives_per_step: int = 6, t0: float | None = None) -> ExportTraceServiceRequest:
+    """A rank's step spans, each with its collective spans, as the instrumentation sends them."""
+    t0 = time.time() - len(steps) if t0 is None else t0
+    req = ExportTraceServiceRequest()
+    rs = req.resource_spans.add()
+    rs.resource.attributes.extend(attributes(_resource(rank)))
+    ss = rs.scope_spans.add()
+    ss.scope.name = "otel_gpu.instrumentation"
+    for i, step in enumerate(steps):
+        start = t0 + i
+        span = ss.spans.add(name=T.STEP_SPAN.name, trace_id=bytes([rank + 1]) * 16, span_id=bytes([step % 250 + 1]) * 8,
+                            start_time_unix_nano=int(start * 1e9), end_time_unix_nano=int((start + 0.9) * 1e9))
+        span.attributes.extend(attributes({str(T.STEP): step, str(T.STEP_COLLECTIVE_S): 0.3}))
+        for c in range(collectives_per_step):
+            coll = ss.spans.add(name=T.COLLECTIVE_SPAN.name, trace_id=bytes([rank + 1]) * 16,
+                                span_id=bytes([c + 1]) * 8, start_time_unix_nano=int((start + 0.1 * c) * 1e9),
+                                end_time_unix_nano=int((start + 0.1 * c + 0.05) * 1e9))
+            coll.attributes.extend(attributes({str(T.COLL_OP): "all_reduce", str(T.COLL_PG): "0",
+                                               str(T.COLL_SEQ): step * collectives_per_step + c}))
+    return req
+
+
+def _hang_logs(rank: int, now: float):
+    """Heartbeats of a job that hangs in all_reduce seq 8: rank 2 never reached it (asleep in user code)."""
+    lb = LogsBuilder(_resource(rank), scope="otel_gpu.instrumentation")
+    if rank == 2:
+        body = {"step": 5, "state": "step", "inflight": None, "last_started_seq": {"0": 7}, "stalled_s": 5.0}
+        lb.event(T.STACKS_EVENT, {"threads": [{"name": "MainThread", "main": True, "frames": [
+            {"file": "/home/me/train.py", "line": 88, "function": "main"}]}], "top": "/home/me/train.py:88 main"})
+    else:
+        body = {"step": 5, "state": "collective", "stalled_s": 5.0, "last_started_seq": {"0": 8},
+                "inflight": {"kind": "collective", "op": "all_reduce", "pg": "0", "seq": 8, "since": now - 5}}
+    lb.event(T.PROGRESS_EVENT, body)
+    return lb.build()
+
+
+def _example(name: str, **overrides) -> dict:
+    """An example config as a mapping, with the given top-level sections' entries replaced (ports, fakes)."""
+    data = yaml.safe_load((EXAMPLES / name).read_text())
+    for path, value in overrides.items():
+        section, _, cid = path.partition("__")
+        data[section][cid.replace("_SLASH_", "/")] = value
+    return data
+
+
+# -- configs ----------------------------------------------------------------------------------------------------------
+def test_example_configs_load_with_our_loader(monkeypatch):
+    monkeypatch.setenv("OTEL_GPU_AGGREGATOR_ENDPOINT", "agg-0.example:4317")
+    monkeypatch.setenv("OTEL_GPU_BACKEND_ENDPOINT", "tempo.example:4317")
+    monkeypatch.delenv("OTEL_GPU_JOB_ID", raising=False)
+    sidecar = load_file(EXAMPLES / "sidecar.yaml")
+    pipes = {p.name: p for p in sidecar.pipelines}
+    assert pipes["traces/backend"].processors == [] and pipes["traces/backend"].exporters == ["otlp/backend"]
+    for name in ("traces/aggregator", "metrics/aggregator", "logs"):
+        assert pipes[name].processors == ["compact"] and pipes[name].exporters == ["otlp/aggregator"]
+    assert sidecar.component("exporter", "otlp/aggregator").config.endpoint == "agg-0.example:4317"
+    assert not sidecar.component("processor", "compact").config.job_id  # learned from the training processes
+    aggregator = load_file(EXAMPLES / "aggregator.yaml")
+    for p in aggregator.pipelines:
+        assert p.receivers == ["otlp"] and p.processors == ["attribution", "goodput"] and "store" in p.exporters
+    monkeypatch.delenv("OTEL_GPU_AGGREGATOR_ENDPOINT")
+    with pytest.raises(Exception, match="OTEL_GPU_AGGREGATOR_ENDPOINT"):
+        load_file(EXAMPLES / "sidecar.yaml")
+
+
+def test_compact_config_errors_name_the_key():
+    with pytest.raises(Exception, match="processors.compact.job_idle_s"):
+        load_text("receivers: {otlp: {}}\nprocessors: {compact: {job_idle_s: 0}}\nexporters: {debug: {}}\n"
+                  "service: {pipelines: {logs: {receivers: [otlp], processors: [compact], exporters: [debug]}}}")
+
+
+# -- the processor in a real Collector --------------------------------------------------------------------------------
+@pytest.fixture
+def sidecar_in_process(monkeypatch):
+    monkeypatch.setitem(registry.BUILTIN["exporter"], "capture", "otel_gpu.testing.capture")
+    config = {"receivers": {"otlp": {"grpc": {"endpoint": "127.0.0.1:0"}, "http": None}},
+              "processors": {"compact": {}},
+              "exporters": {"capture/backend": {}, "capture/aggregator": {}},
+              "service": {"pipelines": {
+                  "traces/backend": {"receivers": ["otlp"], "exporters": ["capture/backend"]},
+                  "traces/aggregator": {"receivers": ["otlp"], "processors": ["compact"],
+                                        "exporters": ["capture/aggregator"]},
+                  "metrics": {"receivers": ["otlp"], "processors": ["compact"], "exporters": ["capture/aggregator"]},
+                  "logs": {"receivers": ["otlp"], "processors": ["compact"], "exporters": ["capture/aggregator"]}}}}
+    c = Collector(load_text(yaml.safe_dump(config)))
+    c.start()
+    yield c
+    c.shutdown()
+
+
+def _names(batches) -> list[str]:
+    return [s.name for b in batches for rs in b.message.resource_spans for ss in rs.scope_spans for s in ss.spans]
+
+
+def test_compact_drops_collective_spans_and_leaves_the_backend_batch_whole(sidecar_in_process):
+    c = sidecar_in_process
+    out = c.component("receiver", "otlp").host.consumer(Signal.TRACES)
+    batch = Batch.from_message(Signal.TRACES, _spans(0, range(1, 4)))
+    raw = batch.to_bytes()
+    out.consume(batch)
+    backend, aggregator = c.component("exporter", "capture/backend"), c.component("exporter", "capture/aggregator")
+    assert _names(backend.of(Signal.TRACES)).count(T.COLLECTIVE_SPAN.name) == 18
+    assert backend.of(Signal.TRACES)[0].to_bytes() == raw  # untouched, still the received bytes
+    assert _names(aggregator.of(Signal.TRACES)) == [T.STEP_SPAN.name] * 3
+    # Heartbeats with the job on their resource pass through as they are (no copy); other events are dropped.
+    logs = _hang_logs(1, time.time())
+    lb = LogsBuilder(_resource(1))
+    lb.event("my.app.event", {"x": 1})
+    c.component("receiver", "otlp").host.consumer(Signal.LOGS).consume(Batch.from_message(Signal.LOGS, logs))
+    c.component("receiver", "otlp").host.consumer(Signal.LOGS).consume(Batch.from_message(Signal.LOGS, lb.build()))
+    (kept,) = aggregator.of(Signal.LOGS)
+    assert kept.message is logs
+    # Node metrics without a job get the job the training processes reported; utilisation is not forwarded.
+    mb = MetricsBuilder({"host.name": "node-a"}, scope="otel_gpu.receivers.nvml")
+    gpu0 = attributes({"gpu.index": 0, "hw.id": "GPU-0"})
+    mb.record(G.UTILIZATION, 0.9, gpu0)
+    mb.record(G.XID_ERRORS, 1, gpu0, {str(G.XID_CODE): 79})
+    c.component("receiver", "otlp").host.consumer(Signal.METRICS).consume(Batch.from_message(Signal.METRICS,
+                                                                                                mb.build()))
+    (metrics,) = aggregator.of(Signal.METRICS)
+    (rm,) = metrics.message.resource_metrics
+    assert {kv.key: kv.value.string_value for kv in rm.resource.attributes}["training.job.id"] == JOB
+    assert [m.name for sm in rm.scope_metrics for m in sm.metrics] == [G.XID_ERRORS.name]
+
+
+def test_compact_holds_back_node_records_until_a_job_is_known(monkeypatch):
+    monkeypatch.setitem(registry.BUILTIN["exporter"], "capture", "otel_gpu.testing.capture")
+    pipe = {"receivers": ["otlp"], "processors": ["compact"], "exporters": ["capture"]}
+    config = {"receivers": {"otlp": {"grpc": {"endpoint": "127.0.0.1:0"}, "http": None}},
+              "processors": {"compact": {}}, "exporters": {"capture": {}},
+              "service": {"pipelines": {"logs": pipe}}}
+    c = Collector(load_text(yaml.safe_dump(config)))
+    lb = LogsBuilder({"host.name": "node-a"})
+    lb.event(G.XID_EVENT, {"code": 79}, {"gpu.index": 1}, {str(G.XID_CODE): 79})
+    assert c.component("processor", "compact").process(Batch.from_message(Signal.LOGS, lb.build())) is None
+    assert c.component("processor", "compact").stats["logs"]["unassigned"] == 1
+
+
+# -- two real collectors ----------------------------------------------------------------------------------------------
+def _export(endpoint: str, signal: Signal, request) -> None:
+    stub = {Signal.TRACES: trace_service_pb2_grpc.TraceServiceStub,
+            Signal.METRICS: metrics_service_pb2_grpc.MetricsServiceStub,
+            Signal.LOGS: logs_service_pb2_grpc.LogsServiceStub}[signal]
+    with grpc.insecure_channel(endpoint) as channel:
+        stub(channel).Export(request, timeout=10)
+
+
+def _report(store: Path) -> dict:
+    out = subprocess.run([sys.executable, "-m", "otel_gpu", "report", "--store", str(store), "--format", "json"],
+                         capture_output=True, text=True, timeout=60)
+    return json.loads(out.stdout) if out.returncode == 0 else {}
+
+
+def test_hang_of_a_4_rank_job_reaches_the_aggregator_store_through_the_sidecar(tmp_path):
+    sidecar_port, agg_port = free_port(), free_port()
+    store = tmp_path / "agg-store"
+    with OtlpSink() as full_backend, OtlpSink() as agg_backend:
+        aggregator = _example("aggregator.yaml",
+                              receivers__otlp={"grpc": {"endpoint": f"127.0.0.1:{agg_port}"}, "http": None},
+                              processors__attribution={"hang_timeout_s": 2.0, "tick_interval_s": 0.3},
+                              processors__goodput={"report_interval_s": 1.0},
+                              exporters__store={"path": str(store)},
+                              exporters__prometheus={"endpoint": f"127.0.0.1:{free_port()}"},
+                              exporters__otlp_SLASH_backend={"endpoint": agg_backend.endpoint, "compression": "none"})
+        sidecar = _example("sidecar.yaml",
+                           receivers__otlp={"grpc": {"endpoint": f"127.0.0.1:{sidecar_port}"}, "http": None},
+                           receivers__nvml={"backend": "fake",
+                                            "scenario": str(ROOT / "tests/testdata/fake_nvml_sidecar.yaml")},
+                           receivers__xid={"path": str(tmp_path / "kern.log"), "backend": "none"},
+                           exporters__otlp_SLASH_aggregator={"endpoint": f"127.0.0.1:{agg_port}",
+                                                             "retry_on_failure": {"initial_interval_s": 0.2}},
+                           exporters__otlp_SLASH_backend={"endpoint": full_backend.endpoint})
+        (tmp_path / "kern.log").write_text("")
+        with start_collector(yaml.safe_dump(aggregator), tmp_path / "agg") as agg, \
+                start_collector(yaml.safe_dump(sidecar), tmp_path / "sidecar") as side:
+            endpoint = f"127.0.0.1:{sidecar_port}"
+            t0 = time.time() - 10
+            for rank in range(WORLD):
+                _export(endpoint, Signal.TRACES, _spans(rank, range(1, 6), t0=t0))
+            now = time.time()
+            for rank in range(WORLD):
+                _export(endpoint, Signal.LOGS, _hang_logs(rank, now))
+            deadline = time.monotonic() + 30
+            report: dict = {}
+            while time.monotonic() < deadline and not report.get("failures"):
+                time.sleep(0.5)
+                report = _report(store)
+            assert report.get("failures"), (side.stderr_text()[-3000:], agg.stderr_text()[-3000:])
+            (failure,) = [f for f in report["failures"] if f["job_id"] == JOB]
+            assert (failure["kind"], failure["root_cause"], failure["culprit"]["rank"]) == \
+                ("hang", "rank_not_in_collective", 2)
+            assert failure["category"] == "user"
+            assert full_backend.wait_for(lambda s: sum(sp.name == T.COLLECTIVE_SPAN.name for sp in s.spans()) >= 120,
+                                         timeout_s=10)
+            assert agg_backend.wait_for(lambda s: any(sp.name == "otel_gpu.failure" for sp in s.spans()),
+                                        timeout_s=10)
+            assert side.stop() == 0 and agg.stop() == 0
+    # What reached the aggregator went on to its backend: the 20 step spans, the failure span and the stuck-collective
+    # spans the aggregator made itself, never a collective span of the instrumentation.
+    scopes = [(ss.scope.name, s.name) for req in agg_backend.traces for rs in req.resource_spans
+              for ss in rs.scope_spans for s in ss.spans]
+    assert sum(1 for scope, name in scopes if name == T.STEP_SPAN.name) == WORLD * 5
+    assert not [1 for scope, name in scopes if name == T.COLLECTIVE_SPAN.name and scope == "otel_gpu.instrumentation"]
+    assert sum(1 for scope, name in scopes if name == T.COLLECTIVE_SPAN.name) == 3  # stuck spans of ranks 0, 1, 3
+
+
+def test_every_signal_the_sidecar_forwards_names_the_job(tmp_path):
+    sidecar_port = free_port()
+    with OtlpSink() as aggregator, OtlpSink() as backend:
+        sidecar = _example("sidecar.yaml",
+                           receivers__otlp={"grpc": {"endpoint": f"127.0.0.1:{sidecar_port}"}, "http": None},
+                           receivers__nvml={"backend": "fake", "interval_s": 0.5,
+                                            "scenario": str(ROOT / "tests/testdata/fake_nvml_sidecar.yaml")},
+                           receivers__xid={"path": str(tmp_path / "kern.log"), "backend": "none"},
+                           exporters__otlp_SLASH_aggregator={"endpoint": aggregator.endpoint, "compression": "none"},
+                           exporters__otlp_SLASH_backend={"endpoint": backend.endpoint})
+        (tmp_path / "kern.log").write_text("")
+        with start_collector(yaml.safe_dump(sidecar), tmp_path / "sidecar") as side:
+            endpoint = f"127.0.0.1:{sidecar_port}"
+            for rank in range(2):  # the two ranks of this node
+                _export(endpoint, Signal.TRACES, _spans(rank, range(1, 3)))
+                _export(endpoint, Signal.LOGS, _hang_logs(rank, time.time()))
+                mb = MetricsBuilder(_resource(rank), scope="otel_gpu.instrumentation")
+                mb.record(T.STEP_DURATION, 0.9)
+                _export(endpoint, Signal.METRICS, mb.build())
+            # The node's own records: XID 79 and its ECC error at 4 s, GPU metrics every poll.
+            assert aggregator.wait_for(lambda s: any(r.event_name == G.XID_EVENT.name for r in s.log_records())
+                                       and G.ECC_ERRORS.name in s.metric_names(), timeout_s=20), side.stderr_text()
+            assert side.stop() == 0
+        requests = {"traces": (aggregator.traces, "resource_spans"), "metrics": (aggregator.metrics, "resource_metrics"),
+                    "logs": (aggregator.logs, "resource_logs")}
+        for signal, (reqs, field) in requests.items():
+            resources = [rx.resource for req in reqs for rx in getattr(req, field)]
+            assert resources, signal
+            for res in resources:
+                attrs = {kv.key: kv.value.string_value for kv in res.attributes}
+                assert attrs.get("training.job.id") == JOB, (signal, attrs)
+        node_metrics = {m.name for req in aggregator.metrics for rm in req.resource_metrics
+                        if not any(kv.key == "training.rank" for kv in rm.resource.attributes)
+                        for sm in rm.scope_metrics for m in sm.metrics}
+        assert G.ECC_ERRORS.name in node_metrics and G.UTILIZATION.name not in node_metrics
+        # The backend got the node's full metrics (utilisation too) and every collective span.
+        assert G.UTILIZATION.name in backend.metric_names()
+        assert sum(s.name == T.COLLECTIVE_SPAN.name for s in backend.spans()) == 2 * 2 * 6
