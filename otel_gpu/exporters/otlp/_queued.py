@@ -151,7 +151,7 @@ class QueuedExporter(Exporter):
         for old in evicted:
             self.host.telemetry.dropped(self._cid, old.signal, old.items)
         if evicted or entry is None:
-            self.host.log_once("disk-full", logging.WARNING, "%s: persistent sending queue full (%d batches, %.0f "
+            self.host.log_once("disk-full", logging.WARNING, "%s: persistent sending queue full (%d batches or %.1f "
                                "MiB): dropping the %s batches (full_policy) until it drains: is the backend down? "
                                "(logged once)", self._cid, self._capacity, self._max_bytes / 2**20,
                                "oldest" if oldest_first else "newest")
