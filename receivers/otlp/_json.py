@@ -41,7 +41,7 @@ def batch_from_json(signal: Signal, body: bytes) -> Batch:
     """
     try:
         data = json.loads(body)
-    except (UnicodeDecodeError, ValueError) as exc:
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # RecursionError: nested thousands deep
         raise MalformedBatch(f"malformed OTLP/JSON {signal.value} request: {exc}") from None
     if not isinstance(data, dict):
         raise MalformedBatch(f"malformed OTLP/JSON {signal.value} request: the top level must be an object")
@@ -49,6 +49,7 @@ def batch_from_json(signal: Signal, body: bytes) -> Batch:
     message = signal.request_type()()
     try:
         json_format.ParseDict(data, message, ignore_unknown_fields=True)
-    except (json_format.ParseError, ValueError, TypeError, RecursionError) as exc:
+    # SystemError: upb's field lookup fails that way on a key holding a lone surrogate ({"\ud800": 1}).
+    except (json_format.ParseError, ValueError, TypeError, RecursionError, SystemError) as exc:
         raise MalformedBatch(f"malformed OTLP/JSON {signal.value} request: {exc}") from None
     return Batch.from_message(signal, message)
