@@ -19,6 +19,7 @@ BUILTIN: dict[str, dict[str, str]] = {
     "processor": {
         "attribution": "otel_gpu.processors.attribution",
         "goodput": "otel_gpu.processors.goodput",
+        "memory_limiter": "otel_gpu.processors.memory_limiter",
         "compact": "otel_gpu.processors.compact",
     },
     "exporter": {

@@ -6,6 +6,8 @@ from collections.abc import Callable
 from concurrent import futures
 
 import grpc
+from google.protobuf import any_pb2, duration_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
 
 from otel_gpu.pdata import MalformedBatch, Signal
 
@@ -25,11 +27,24 @@ class PipelineRefused(RuntimeError):
 
 
 Accept = Callable[[Signal, bytes], None]  # raises MalformedBatch or PipelineRefused
+Authorize = Callable[[str | None], bool]  # the Authorization header value -> allowed?
+Admit = Callable[[Signal], "float | None"]  # None: accept; else refuse, retry after that many seconds
+
+
+def retry_info_trailer(message: str, delay_s: float) -> tuple[tuple[str, bytes], ...]:
+    """``grpc-status-details-bin``: a google.rpc.Status (RESOURCE_EXHAUSTED) carrying a RetryInfo delay."""
+    info = error_details_pb2.RetryInfo(retry_delay=duration_pb2.Duration(
+        seconds=int(delay_s), nanos=int((delay_s - int(delay_s)) * 1e9)))
+    detail = any_pb2.Any()
+    detail.Pack(info)
+    status = status_pb2.Status(code=code_pb2.RESOURCE_EXHAUSTED, message=message, details=[detail])
+    return (("grpc-status-details-bin", status.SerializeToString()),)
 
 
 class GrpcServer:
     def __init__(self, host: str, port: int, max_recv_bytes: int, max_workers: int, signals: list[Signal],
-                 accept: Accept):
+                 accept: Accept, *, credentials: grpc.ServerCredentials | None = None,
+                 authorize: Authorize | None = None, admit: Admit | None = None):
         self._server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="otlp-grpc"),
             options=[
@@ -42,12 +57,15 @@ class GrpcServer:
         for signal in signals:
             self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
                 SERVICES[signal],
-                {"Export": grpc.unary_unary_rpc_method_handler(_export_handler(signal, accept),
+                {"Export": grpc.unary_unary_rpc_method_handler(_export_handler(signal, accept, authorize, admit),
                                                                request_deserializer=None,
                                                                response_serializer=None)}),))
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         try:
-            self.port = self._server.add_insecure_port(address)
+            if credentials is not None:
+                self.port = self._server.add_secure_port(address, credentials)
+            else:
+                self.port = self._server.add_insecure_port(address)
         except RuntimeError as exc:
             raise OSError(f"cannot listen for OTLP/gRPC on {address}: the address is in use or not available "
                           f"({exc}); is another collector running? set grpc.endpoint to a free port") from None
@@ -63,8 +81,20 @@ class GrpcServer:
         self._server.stop(grace=max(0.0, min(2.0, timeout_s / 2))).wait(timeout_s)
 
 
-def _export_handler(signal: Signal, accept: Accept):
+def _export_handler(signal: Signal, accept: Accept, authorize: Authorize | None, admit: Admit | None):
     def export(raw: bytes, context: grpc.ServicerContext) -> bytes:
+        if authorize is not None:
+            header = next((v for k, v in context.invocation_metadata() if k == "authorization"), None)
+            if not authorize(header):
+                # Never echo what the client sent: it may be a (wrong or someone else's) token.
+                context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or invalid bearer token "
+                              "(send metadata authorization: Bearer <token>)")
+        if admit is not None:
+            delay = admit(signal)
+            if delay is not None:
+                message = f"the collector is over its memory limit; retry after {delay:g}s"
+                context.set_trailing_metadata(retry_info_trailer(message, delay))
+                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, message)
         try:
             accept(signal, raw)
         except MalformedBatch as exc:

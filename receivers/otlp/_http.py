@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import logging
+import math
 import socket
 import socketserver
+import ssl
 import threading
 import time
 import zlib
@@ -22,7 +24,7 @@ _logger = logging.getLogger(__name__)
 _PROTOBUF = "application/x-protobuf"
 _JSON = "application/json"
 _CONTENT_TYPES = {_PROTOBUF: _PROTOBUF, "application/protobuf": _PROTOBUF, _JSON: _JSON}
-_GRPC_CODE = {400: 3, 404: 5, 405: 12, 408: 4, 411: 3, 413: 8, 415: 3, 503: 14}
+_GRPC_CODE = {400: 3, 401: 16, 404: 5, 405: 12, 408: 4, 411: 3, 413: 8, 415: 3, 429: 8, 503: 14}
 
 
 class _BodyError(Exception):
@@ -44,18 +46,43 @@ class _Server(ThreadingHTTPServer):
         _logger.debug("OTLP/HTTP: error serving %s", client_address, exc_info=True)
 
 
+class _TlsServer(_Server):
+    """Wraps each accepted connection in TLS on its own handler thread, so that a slow or broken handshake never
+    holds up the accept loop."""
+
+    ssl_context: ssl.SSLContext
+    handshake_timeout_s: float = 10.0
+
+    def finish_request(self, request, client_address) -> None:
+        request.settimeout(self.handshake_timeout_s)
+        try:
+            tls = self.ssl_context.wrap_socket(request, server_side=True)
+        except (OSError, ssl.SSLError) as exc:  # plaintext client, untrusted client certificate, timeout
+            _logger.debug("OTLP/HTTP: TLS handshake with %s failed: %s", client_address, exc)
+            return
+        try:
+            super().finish_request(tls, client_address)
+        finally:
+            try:
+                tls.close()
+            except OSError:
+                pass
+
+
 class HttpServer:
     def __init__(self, host: str, port: int, max_body_bytes: int, read_timeout_s: float, signals: list[Signal],
-                 receiver):
+                 receiver, *, ssl_context: ssl.SSLContext | None = None, authorize=None):
         self.max_body_bytes = max_body_bytes
+        self.authorize = authorize  # (Authorization header or None) -> bool
         self.receiver = receiver
         self.paths = {f"/v1/{s.value}": s for s in signals}
         self.closing = False
         self._active = 0
         self._cond = threading.Condition()
         handler = type("OtlpHttpHandler", (_Handler,), {"owner": self, "timeout": read_timeout_s})
-        server_cls = type("OtlpHttpServer6", (_Server,), {"address_family": socket.AF_INET6}) if ":" in host \
-            else _Server
+        base = _Server if ssl_context is None else type(
+            "OtlpHttpsServer", (_TlsServer,), {"ssl_context": ssl_context, "handshake_timeout_s": read_timeout_s})
+        server_cls = type("OtlpHttpServer6", (base,), {"address_family": socket.AF_INET6}) if ":" in host else base
         try:
             self._server = server_cls((host, port), handler)
         except OSError as exc:
@@ -114,6 +141,14 @@ class _Handler(BaseHTTPRequestHandler):
                                      close=True)
         if owner.closing:
             return self._reply_error(503, kind, "the collector is shutting down", close=True, retry_after=True)
+        if owner.authorize is not None and not owner.authorize(self.headers.get("Authorization")):
+            # The body is discarded unread. The presented token is never echoed or logged.
+            return self._reply_error(401, kind, "missing or invalid bearer token (send Authorization: Bearer "
+                                     "<token>)", close=not self._discard_body(), extra={"WWW-Authenticate": 'Bearer realm="otel-gpu"'})
+        delay = owner.receiver.admit(signal)
+        if delay is not None:  # refused before the body is read or parsed: nothing of it is held in memory
+            return self._reply_error(429, kind, f"the collector is over its memory limit; retry after {delay:g}s",
+                                     close=not self._discard_body(), retry_after=delay)
         owner.enter()
         try:
             try:
@@ -151,6 +186,25 @@ class _Handler(BaseHTTPRequestHandler):
     do_GET = do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = _not_allowed
 
     # -- body ----------------------------------------------------------------------------------------------------
+    def _discard_body(self) -> bool:
+        """Reads and forgets a refused request's body (64 KiB at a time, nothing kept), so that the client gets the
+        answer on a keep-alive connection instead of a reset; False when it cannot be (chunked, too large, broken)."""
+        try:
+            length = int(self.headers.get("Content-Length") or "-1")
+        except ValueError:
+            return False
+        if not 0 <= length <= self.owner.max_body_bytes:
+            return False
+        try:
+            while length > 0:
+                chunk = self.rfile.read(min(length, 65536))
+                if not chunk:
+                    return False
+                length -= len(chunk)
+        except OSError:
+            return False
+        return True
+
     def _read_body(self) -> bytes:
         limit = self.owner.max_body_bytes
         if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
@@ -231,8 +285,8 @@ class _Handler(BaseHTTPRequestHandler):
         except OSError:  # the client went away; nothing to tell it
             self.close_connection = True
 
-    def _reply_error(self, status: int, ctype: str, message: str, *, close: bool = False, retry_after: bool = False,
-                     extra: dict[str, str] | None = None) -> None:
+    def _reply_error(self, status: int, ctype: str, message: str, *, close: bool = False,
+                     retry_after: bool | float = False, extra: dict[str, str] | None = None) -> None:
         if close:
             self.close_connection = True
         status_msg = status_pb2.Status(code=_GRPC_CODE.get(status, 2), message=message)
@@ -243,6 +297,6 @@ class _Handler(BaseHTTPRequestHandler):
 
             body = json_format.MessageToJson(status_msg, indent=None).encode()
         headers = dict(extra or {})
-        if retry_after:
-            headers["Retry-After"] = "1"
+        if retry_after is not False:
+            headers["Retry-After"] = "1" if retry_after is True else str(max(1, math.ceil(retry_after)))
         self._reply(status, ctype, body, headers)

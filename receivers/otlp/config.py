@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from otel_gpu._security import BearerAuthConfig, ServerTlsConfig
+
 __all__ = ["GrpcServerConfig", "HttpServerConfig", "OtlpReceiverConfig", "ProtocolsConfig", "split_endpoint"]
 
 
@@ -26,6 +28,8 @@ class GrpcServerConfig:
     endpoint: str = "127.0.0.1:4317"
     max_recv_msg_size_mib: float = 16.0
     max_workers: int = 8  # threads serving requests
+    tls: ServerTlsConfig | None = None  # {cert_file, key_file, client_ca_file}: TLS (mutual with client_ca_file)
+    auth: BearerAuthConfig | None = None  # {bearer_token_file} or {bearer_token: ${env:VAR}}
 
     def validate(self) -> None:
         split_endpoint(self.endpoint, "endpoint")
@@ -40,6 +44,8 @@ class HttpServerConfig:
     endpoint: str = "127.0.0.1:4318"
     max_request_body_size_mib: float = 16.0
     read_timeout_s: float = 30.0  # a client that stops sending mid-body is dropped after this
+    tls: ServerTlsConfig | None = None
+    auth: BearerAuthConfig | None = None
 
     def validate(self) -> None:
         split_endpoint(self.endpoint, "endpoint")

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 
+from otel_gpu._security import BearerChecker, grpc_server_credentials, server_ssl_context
 from otel_gpu.component import Receiver
 from otel_gpu.pdata import Batch, MalformedBatch, Signal
 from otel_gpu.receivers.otlp._grpc import GrpcServer, PipelineRefused
@@ -67,6 +68,21 @@ class OtlpReceiver(Receiver):
             self.host.telemetry.refused(self.host.component_id, batch.signal, batch.item_count())
             raise PipelineRefused(f"the {batch.signal.value} pipeline could not take the batch: {exc}") from None
 
+    def admit(self, signal: Signal) -> float | None:
+        """Asks every admission check (``host.services["admission"]``, e.g. the memory_limiter's) before a request
+        is read or parsed: None to accept, else the retry delay in seconds. A refusal counts 1 refused request."""
+        for check in self.host.services.get("admission", ()):
+            try:
+                delay = check()
+            except Exception:  # noqa: BLE001 - a broken check must not refuse everything
+                self.host.log_once(("admission", id(check)), logging.ERROR, "%s: an admission check raised; it is "
+                                   "ignored (logged once)", self.host.component_id, exc_info=True)
+                continue
+            if delay is not None:
+                self.host.telemetry.refused(self.host.component_id, signal, 1)
+                return float(delay)
+        return None
+
     def signals(self) -> list[Signal]:
         """Signals to serve: those some pipeline consumes (all three when used outside a collector)."""
         served = [s for s in Signal if self.host.has_consumer(s)]
@@ -80,22 +96,28 @@ class OtlpReceiver(Receiver):
         try:
             if cfg.grpc is not None:
                 host, port = split_endpoint(cfg.grpc.endpoint, "grpc.endpoint")
-                self._grpc = GrpcServer(host, port, int(cfg.grpc.max_recv_msg_size_mib * _MIB), cfg.grpc.max_workers,
-                                        signals, self.accept)
+                self._grpc = GrpcServer(
+                    host, port, int(cfg.grpc.max_recv_msg_size_mib * _MIB), cfg.grpc.max_workers, signals, self.accept,
+                    credentials=grpc_server_credentials(cfg.grpc.tls) if cfg.grpc.tls else None,
+                    authorize=BearerChecker(cfg.grpc.auth, "grpc.auth.bearer_token").check if cfg.grpc.auth else None,
+                    admit=self.admit)
                 self._grpc.start()
                 self.grpc_port = self._grpc.port
-                _logger.info("%s: OTLP/gRPC listening on %s (%s)", self.host.component_id, self._grpc.address,
-                             ", ".join(s.value for s in signals))
+                _logger.info("%s: OTLP/gRPC listening on %s%s (%s)", self.host.component_id, self._grpc.address,
+                             _extras(cfg.grpc), ", ".join(s.value for s in signals))
             if cfg.http is not None:
                 from otel_gpu.receivers.otlp._http import HttpServer
 
                 host, port = split_endpoint(cfg.http.endpoint, "http.endpoint")
-                self._http = HttpServer(host, port, int(cfg.http.max_request_body_size_mib * _MIB),
-                                        cfg.http.read_timeout_s, signals, self)
+                self._http = HttpServer(
+                    host, port, int(cfg.http.max_request_body_size_mib * _MIB), cfg.http.read_timeout_s, signals, self,
+                    ssl_context=server_ssl_context(cfg.http.tls) if cfg.http.tls else None,
+                    authorize=BearerChecker(cfg.http.auth, "http.auth.bearer_token").check if cfg.http.auth else None)
                 self._http.start()
                 self.http_port = self._http.port
-                _logger.info("%s: OTLP/HTTP listening on http://%s (%s)", self.host.component_id,
-                             self._http.address, ", ".join(f"/v1/{s.value}" for s in signals))
+                _logger.info("%s: OTLP/HTTP listening on %s://%s%s (%s)", self.host.component_id,
+                             "https" if cfg.http.tls else "http", self._http.address, _extras(cfg.http),
+                             ", ".join(f"/v1/{s.value}" for s in signals))
         except BaseException:
             self.shutdown(2.0)
             raise
@@ -107,3 +129,13 @@ class OtlpReceiver(Receiver):
             http_server.stop(timeout_s / 2)
         if grpc_server is not None:
             grpc_server.stop(timeout_s / 2)
+
+
+def _extras(server_cfg) -> str:
+    """`` with TLS (mTLS), bearer auth`` for the start-up line; never the secrets themselves."""
+    parts = []
+    if server_cfg.tls is not None:
+        parts.append("mutual TLS" if server_cfg.tls.client_ca_file else "TLS")
+    if server_cfg.auth is not None:
+        parts.append("bearer-token auth")
+    return f" with {', '.join(parts)}" if parts else ""
