@@ -116,7 +116,7 @@ def test_otlp_client_sends_to_a_sink_and_gives_up_fast_without_one():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    client = _export.OtlpClient(f"127.0.0.1:{port}", timeout_s=1)
+    client = _export.OtlpClient(f"127.0.0.1:{port}", timeout_s=1, buffer_mib=0)  # no buffer (tests/test_outage.py)
     t0 = time.monotonic()
     assert not client.send_traces(req)
     assert client.is_down() and not client.send_traces(req)  # backoff: dropped without trying

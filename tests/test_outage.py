@@ -166,3 +166,90 @@ def test_persistent_config_errors_name_the_key():
     with pytest.raises(ConfigError, match=r"full_policy must be drop_oldest or drop_newest"):
         build(OtlpExporterConfig, {"endpoint": "a:1", "sending_queue": {"persistent": {"full_policy": "block"}}},
               "exporters.otlp")
+
+
+# -- the training process ---------------------------------------------------------------------------------------------
+TRAIN = textwrap.dedent("""
+    import json, sys, time
+    import otel_gpu
+    from otel_gpu.instrumentation import _runtime
+    otel_gpu.instrument(endpoint=sys.argv[1], heartbeat_s=0.5, export_interval_s=0.2, crash_hooks=False)
+    rt = _runtime.current()
+    duration = float(sys.argv[2])
+    n, gap, last = 0, 0.0, time.monotonic()
+    t_end = last + duration
+    print("training", flush=True)
+    while time.monotonic() < t_end:
+        with otel_gpu.step(n):
+            time.sleep(0.01)
+        now = time.monotonic()
+        gap, last = max(gap, now - last), now
+        n += 1
+    hb = rt.progress()[1]["counters"]
+    otel_gpu.uninstrument()   # final flush: sends what is still buffered
+    c = rt.client
+    print(json.dumps({"steps": n, "max_step_s": gap, "heartbeat_counters": hb, "spans_sent": rt.counters["spans_sent"],
+                      "spans_dropped": rt.counters["spans_dropped"], "buffer_dropped": c.buffer_dropped,
+                      "buffered": c.buffered, "left_in_buffer": c.buffer_requests}))
+""")
+
+
+def _steps_at(sink: OtlpSink) -> set[int]:
+    return {a.value.int_value for s in sink.spans() if s.name == "otel_gpu.step"
+            for a in s.attributes if a.key == "training.step"}
+
+
+def _train_through_a_collector_restart(tmp_path: Path, buffer_mib: float, down_s: float = 3.0,
+                                       train_s: float = 9.0) -> tuple[dict, OtlpSink, set[int]]:
+    recv_port = free_port()
+    sink = OtlpSink().start()
+    text = collector_config(recv_port, sink.port, tmp_path / "queue")
+    collector = start_collector(text, tmp_path / "c1")
+    proc = None
+    try:
+        proc = subprocess.Popen([sys.executable, "-c", TRAIN, f"http://127.0.0.1:{recv_port}", str(train_s)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, "OTEL_GPU_EXPORT_BUFFER_MIB": str(buffer_mib)})
+        assert proc.stdout.readline().strip() == "training"
+        time.sleep(2.5)
+        assert collector.stop() == 0  # SIGTERM: the collector goes away for down_s while training goes on
+        time.sleep(down_s)
+        collector = start_collector(text, tmp_path / "c2")
+        out, err = proc.communicate(timeout=train_s + 60)
+        assert proc.returncode == 0, err[-3000:]
+        result = json.loads(out.strip().splitlines()[-1])
+        result["stderr"] = err
+        steps = set(range(result["steps"]))
+        sink.wait_for(lambda s: _steps_at(s) >= steps, 15)
+        return result, sink, steps
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+        collector.stop()
+        sink.stop()
+
+
+def test_training_process_buffers_across_a_collector_restart(tmp_path):
+    res, sink, steps = _train_through_a_collector_restart(tmp_path, buffer_mib=8)
+    print({k: v for k, v in res.items() if k != "stderr"})
+    assert len(steps) > 200
+    assert _steps_at(sink) == steps  # every step span, across the 3 s without a collector
+    assert res["buffered"] > 0 and res["buffer_dropped"] == 0 and res["spans_dropped"] == 0
+    assert res["left_in_buffer"] == 0
+    assert res["max_step_s"] < 1.0, res  # never waited for the collector (a blocking send would take 2 s)
+    hb = [lr for lr in sink.log_records() if lr.event_name == "otel_gpu.progress"]
+    assert hb and all("export_buffer_dropped" in lr.body.string_value for lr in hb)
+
+
+def test_training_process_counts_what_does_not_fit_and_never_blocks(tmp_path):
+    res, sink, steps = _train_through_a_collector_restart(tmp_path, buffer_mib=0.004)  # ~4 KB: a few requests
+    print({k: v for k, v in res.items() if k != "stderr"})
+    missing = steps - _steps_at(sink)
+    assert missing, "a 4 KB buffer cannot hold 3 s of steps"
+    assert res["spans_dropped"] >= len(missing)  # every lost step span is counted
+    assert res["heartbeat_counters"]["spans_dropped"] > 0
+    assert res["heartbeat_counters"]["export_buffer_dropped"] + res["heartbeat_counters"]["spans_dropped"] > 0
+    assert res["max_step_s"] < 1.0, res
+    # the spans it did accept all arrived: delivered = accepted (sent or buffered, then re-sent)
+    assert sink.wait_for(lambda s: sum(1 for sp in s.spans()) >= res["spans_sent"], 10)
+    assert sum(1 for _ in sink.spans()) == res["spans_sent"]

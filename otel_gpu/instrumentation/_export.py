@@ -1,7 +1,11 @@
 """Private OTLP encoding (opentelemetry-proto messages built directly, no SDK) and a small OTLP client.
 
-The client never blocks its caller for longer than ``timeout_s`` and, after a failure, drops requests for a backoff
-period (counted) instead of retrying: the training process must not wait for an absent collector.
+The client never blocks its caller for longer than ``timeout_s`` (one request) and never retries in the caller's
+thread. While the collector is unreachable (a failed request starts a backoff of 0.5 s doubling to 10 s), requests
+go into a bounded in-memory buffer (``buffer_mib``, default 8 MiB, ``OTEL_GPU_EXPORT_BUFFER_MIB``) and are re-sent, in
+order and before any newer request, once a request gets through again (each drain gives the buffer at most about a
+second). What does not fit is refused (``send_*`` returns False: the caller counts it as dropped, newest dropped
+first) and counted in ``buffer_dropped``; the buffer is lost if the process ends while the collector is still down.
 """
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ import logging
 import os
 import sys
 import threading
+import collections
 import time
 import urllib.request
 
@@ -105,18 +110,47 @@ ERROR = logs_pb2.SEVERITY_NUMBER_ERROR
 FATAL = logs_pb2.SEVERITY_NUMBER_FATAL
 
 
+def _buffer_mib_from_env(default: float = 8.0) -> float:
+    raw = os.environ.get("OTEL_GPU_EXPORT_BUFFER_MIB", "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+        if value < 0:
+            raise ValueError
+        return value
+    except ValueError:
+        _logger.warning("otel-gpu: OTEL_GPU_EXPORT_BUFFER_MIB=%r is not a size in MiB >= 0; using %s", raw, default)
+        return default
+
+
+_DRAIN_BUDGET_S = 1.0  # longest one call spends re-sending the buffer (the watchdog's heartbeats go through here)
+
+
 class OtlpClient:
-    """Sends export requests over OTLP gRPC (or HTTP/protobuf). Thread-safe; never raises."""
+    """Sends export requests over OTLP gRPC (or HTTP/protobuf), buffering them while the collector is down.
+    Thread-safe; never raises.
+
+    Counters: ``sent`` (requests delivered, buffered ones included), ``failed`` (attempts that failed),
+    ``buffered`` (requests that went through the buffer), ``buffer_dropped`` (refused: buffer full), and
+    ``buffer_requests`` / ``buffer_bytes`` (waiting now).
+    """
 
     def __init__(self, endpoint: str, protocol: str = "grpc", headers: dict[str, str] | None = None,
-                 timeout_s: float = 2.0):
+                 timeout_s: float = 2.0, buffer_mib: float | None = None):
         self.endpoint = endpoint
         self.protocol = protocol
         self.headers = dict(headers or {})
         self.timeout_s = timeout_s
         self.sent = 0
         self.failed = 0
-        self.dropped_backoff = 0
+        self.dropped_backoff = 0  # requests refused without an attempt: down and the buffer full
+        self.buffered = 0
+        self.buffer_dropped = 0
+        self.buffer_bytes = 0
+        self.max_buffer_bytes = int((_buffer_mib_from_env() if buffer_mib is None else buffer_mib) * 1024 * 1024)
+        self._buffer: collections.deque[tuple[str, bytes]] = collections.deque()
+        self._drain_lock = threading.Lock()
         self._lock = threading.Lock()
         self._down_until = 0.0
         self._backoff_s = 0.5
@@ -146,7 +180,10 @@ class OtlpClient:
                 if target.startswith(prefix):
                     target = target[len(prefix):]
             target = target.rstrip("/")
-            opts = [("grpc.max_send_message_length", 32 * 1024 * 1024), ("grpc.enable_retries", 0)]
+            # reconnect within seconds once the collector is back (gRPC's default backoff grows to 120 s)
+            opts = [("grpc.max_send_message_length", 32 * 1024 * 1024), ("grpc.enable_retries", 0),
+                    ("grpc.initial_reconnect_backoff_ms", 500), ("grpc.min_reconnect_backoff_ms", 500),
+                    ("grpc.max_reconnect_backoff_ms", 4000)]
             self._channel = (grpc.secure_channel(target, grpc.ssl_channel_credentials(), options=opts) if secure
                              else grpc.insecure_channel(target, options=opts))
             self._trace_stub = trace_service_pb2_grpc.TraceServiceStub(self._channel)
@@ -160,29 +197,25 @@ class OtlpClient:
                 response_deserializer=None)
         return self._trace_stub, self._logs_stub
 
-    def _send(self, signal: str, request) -> bool:
-        now = time.monotonic()
-        if now < self._down_until:
-            with self._lock:
-                self.dropped_backoff += 1
-            return False
+    @property
+    def buffer_requests(self) -> int:
+        return len(self._buffer)
+
+    def _post(self, signal: str, data: bytes) -> bool:
+        """One attempt; on failure starts (or extends) the backoff."""
         try:
             if self.protocol == "http/protobuf":
                 url = self.endpoint.rstrip("/")
                 if not url.startswith("http"):
                     url = "http://" + url
-                data = request if isinstance(request, bytes) else request.SerializeToString()
                 req = urllib.request.Request(url + f"/v1/{signal}", data=data, method="POST",
                                              headers={"Content-Type": "application/x-protobuf", **self.headers})
                 with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
                     resp.read()
             else:
-                trace_stub, logs_stub = self._grpc_stubs()
-                if isinstance(request, bytes):  # already serialized (see _pbenc)
-                    call = self._raw_trace if signal == "traces" else self._raw_logs
-                else:
-                    call = (trace_stub if signal == "traces" else logs_stub).Export
-                call(request, timeout=self.timeout_s, metadata=tuple(self.headers.items()) or None)
+                self._grpc_stubs()
+                call = self._raw_trace if signal == "traces" else self._raw_logs
+                call(data, timeout=self.timeout_s, metadata=tuple(self.headers.items()) or None)
         except Exception as exc:  # noqa: BLE001 - telemetry never raises into the host
             with self._lock:
                 self.failed += 1
@@ -190,13 +223,62 @@ class OtlpClient:
                 self._backoff_s = min(self._backoff_s * 2, 10.0)
             if not self._warned:
                 self._warned = True
-                _logger.warning("otel-gpu: OTLP export to %s failed (%s); dropping telemetry while it is down",
-                                self.endpoint, str(exc).splitlines()[0][:200])
+                _logger.warning("otel-gpu: OTLP export to %s failed (%s); buffering up to %.1f MiB of telemetry "
+                                "while it is down", self.endpoint, str(exc).splitlines()[0][:200],
+                                self.max_buffer_bytes / 2**20)
             return False
         with self._lock:
             self.sent += 1
             self._backoff_s = 0.5
+            if self._warned:
+                self._warned = False
+                _logger.info("otel-gpu: OTLP export to %s works again", self.endpoint)
         return True
+
+    def _buffer_locked(self, signal: str, data: bytes) -> bool:
+        if self.buffer_bytes + len(data) > self.max_buffer_bytes:
+            self.buffer_dropped += 1
+            return False
+        self._buffer.append((signal, data))
+        self.buffer_bytes += len(data)
+        self.buffered += 1
+        return True
+
+    def _drain(self, budget_s: float = _DRAIN_BUDGET_S) -> None:
+        """Re-sends buffered requests oldest first until one fails, the buffer is empty, or the budget is spent.
+        One thread at a time; another caller returns at once (its request is already in the buffer)."""
+        if not self._drain_lock.acquire(blocking=False):
+            return
+        try:
+            deadline = time.monotonic() + budget_s
+            while time.monotonic() < deadline:
+                with self._lock:
+                    if not self._buffer or time.monotonic() < self._down_until:
+                        return
+                    signal, data = self._buffer[0]
+                if not self._post(signal, data):
+                    return
+                with self._lock:
+                    self._buffer.popleft()
+                    self.buffer_bytes -= len(data)
+        finally:
+            self._drain_lock.release()
+
+    def _send(self, signal: str, request) -> bool:
+        """True when delivered or buffered for delivery; False when refused (buffer full): count it as dropped."""
+        data = request if isinstance(request, bytes) else request.SerializeToString()
+        with self._lock:
+            queued = bool(self._buffer) or time.monotonic() < self._down_until
+            if queued and not self._buffer_locked(signal, data):
+                self.dropped_backoff += 1
+                return False
+        if queued:  # behind older requests: keep the order
+            self._drain()
+            return True
+        if self._post(signal, data):
+            return True
+        with self._lock:
+            return self._buffer_locked(signal, data)
 
     def send_traces(self, request) -> bool:
         return self._send("traces", request)
@@ -205,14 +287,21 @@ class OtlpClient:
         return self._send("logs", request)
 
     def is_down(self) -> bool:
-        """True while requests are being dropped after a failure (callers can skip building them)."""
-        return time.monotonic() < self._down_until
+        """True while requests would be refused: the collector is down and the buffer is full (callers can skip
+        building them)."""
+        return time.monotonic() < self._down_until and self.buffer_bytes >= self.max_buffer_bytes - 65536
 
     def reset_backoff(self) -> None:
-        """Lets the next request through (used by the final flush)."""
+        """Lets the next request through and re-sends the buffer first (within ``timeout_s``): the final flush."""
         self._down_until = 0.0
+        self._drain(self.timeout_s)
 
     def close(self) -> None:
+        if self._buffer and time.monotonic() >= self._down_until:
+            self._drain(self.timeout_s)
+        if self._buffer:
+            _logger.warning("otel-gpu: %d telemetry requests (%d bytes) were still buffered for %s at exit and are "
+                            "lost", len(self._buffer), self.buffer_bytes, self.endpoint)
         if self._channel is not None:
             try:
                 self._channel.close()

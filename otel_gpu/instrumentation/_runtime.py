@@ -621,7 +621,9 @@ class Runtime:
         counters = {"steps": self._steps_done, "collectives": self.counters["collectives"],
                     "fr_collectives": self.counters["fr_collectives"], "dropped": NS["_drops"],
                     "fr_lost": self.fr.entries_lost, "spans_sent": self.counters["spans_sent"],
-                    "spans_dropped": self.counters["spans_dropped"], "export_failures": self.client.failed}
+                    "spans_dropped": self.counters["spans_dropped"], "export_failures": self.client.failed,
+                    "logs_dropped": self.counters["logs_dropped"], "export_buffered": self.client.buffer_requests,
+                    "export_buffer_dropped": self.client.buffer_dropped}
         body = {"step": NS["_step"], "state": state, "inflight": inflight, "last_seq": last_seq,
                 "last_started_seq": last_started, "counters": counters, "stalled_s": round(stalled_s, 3),
                 "flight_recorder": bool(self.fr_enabled and self.fr.available is not False)}
