@@ -194,62 +194,67 @@ TRAIN = textwrap.dedent("""
 """)
 
 
-def _steps_at(sink: OtlpSink) -> set[int]:
-    return {a.value.int_value for s in sink.spans() if s.name == "otel_gpu.step"
+def _steps_at(sink: OtlpSink, service: str) -> set[int]:
+    return {a.value.int_value for r in sink.traces for rs in r.resource_spans
+            if any(kv.key == "service.name" and kv.value.string_value == service for kv in rs.resource.attributes)
+            for ss in rs.scope_spans for s in ss.spans if s.name == "otel_gpu.step"
             for a in s.attributes if a.key == "training.step"}
 
 
-def _train_through_a_collector_restart(tmp_path: Path, buffer_mib: float, down_s: float = 3.0,
-                                       train_s: float = 9.0) -> tuple[dict, OtlpSink, set[int]]:
-    recv_port = free_port()
+def _spans_of(sink: OtlpSink, service: str) -> int:
+    return sum(len(ss.spans) for r in sink.traces for rs in r.resource_spans
+               if any(kv.key == "service.name" and kv.value.string_value == service for kv in rs.resource.attributes)
+               for ss in rs.scope_spans)
+
+
+def test_training_processes_buffer_across_a_collector_restart(tmp_path):
+    """Two instrumented training processes while their collector is stopped (SIGTERM) for 3 s and started again:
+    ``big`` (8 MiB buffer) loses no step span; ``tiny`` (4 KB buffer) loses some, counts every one it lost in its
+    heartbeat counters, and delivers all it accepted. Neither ever waits for the collector."""
+    recv_port, train_s = free_port(), 9.0
     sink = OtlpSink().start()
     text = collector_config(recv_port, sink.port, tmp_path / "queue")
     collector = start_collector(text, tmp_path / "c1")
-    proc = None
+    procs: dict[str, subprocess.Popen] = {}
     try:
-        proc = subprocess.Popen([sys.executable, "-c", TRAIN, f"http://127.0.0.1:{recv_port}", str(train_s)],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env={**os.environ, "OTEL_GPU_EXPORT_BUFFER_MIB": str(buffer_mib)})
-        assert proc.stdout.readline().strip() == "training"
-        time.sleep(2.5)
-        assert collector.stop() == 0  # SIGTERM: the collector goes away for down_s while training goes on
-        time.sleep(down_s)
+        for name, mib in (("big", 8), ("tiny", 0.004)):
+            procs[name] = subprocess.Popen(
+                [sys.executable, "-c", TRAIN, f"http://127.0.0.1:{recv_port}", str(train_s)], stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, text=True,
+                env={**os.environ, "OTEL_GPU_EXPORT_BUFFER_MIB": str(mib), "OTEL_SERVICE_NAME": name})
+        for p in procs.values():
+            assert p.stdout.readline().strip() == "training"
+        time.sleep(2.0)
+        assert collector.stop() == 0
+        time.sleep(3.0)
         collector = start_collector(text, tmp_path / "c2")
-        out, err = proc.communicate(timeout=train_s + 60)
-        assert proc.returncode == 0, err[-3000:]
-        result = json.loads(out.strip().splitlines()[-1])
-        result["stderr"] = err
-        steps = set(range(result["steps"]))
-        sink.wait_for(lambda s: _steps_at(s) >= steps, 15)
-        return result, sink, steps
+        res = {}
+        for name, p in procs.items():
+            out, err = p.communicate(timeout=train_s + 60)
+            assert p.returncode == 0, err[-3000:]
+            res[name] = json.loads(out.strip().splitlines()[-1])
+            print(name, res[name])
+        big, tiny = res["big"], res["tiny"]
+        big_steps, tiny_steps = set(range(big["steps"])), set(range(tiny["steps"]))
+        assert sink.wait_for(lambda s: _steps_at(s, "big") >= big_steps
+                             and _spans_of(s, "tiny") >= tiny["spans_sent"], 15)
+        # big: every step span arrived, through the buffer
+        assert len(big_steps) > 200 and _steps_at(sink, "big") == big_steps
+        assert big["buffered"] > 0 and big["buffer_dropped"] == 0 and big["spans_dropped"] == 0
+        assert big["left_in_buffer"] == 0
+        hb = [lr for lr in sink.log_records() if lr.event_name == "otel_gpu.progress"]
+        assert hb and all("export_buffer_dropped" in lr.body.string_value for lr in hb)
+        # tiny: what did not fit is counted (spans_dropped is in the heartbeat), what it accepted arrived
+        missing = tiny_steps - _steps_at(sink, "tiny")
+        assert missing, "a 4 KB buffer cannot hold 3 s of steps"
+        assert tiny["spans_dropped"] >= len(missing)
+        assert tiny["heartbeat_counters"]["spans_dropped"] > 0
+        assert _spans_of(sink, "tiny") == tiny["spans_sent"]
+        for r in (big, tiny):  # a blocking send would have stalled a step for the 2 s export timeout
+            assert r["max_step_s"] < 1.0, r
     finally:
-        if proc is not None and proc.poll() is None:
-            proc.kill()
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
         collector.stop()
         sink.stop()
-
-
-def test_training_process_buffers_across_a_collector_restart(tmp_path):
-    res, sink, steps = _train_through_a_collector_restart(tmp_path, buffer_mib=8)
-    print({k: v for k, v in res.items() if k != "stderr"})
-    assert len(steps) > 200
-    assert _steps_at(sink) == steps  # every step span, across the 3 s without a collector
-    assert res["buffered"] > 0 and res["buffer_dropped"] == 0 and res["spans_dropped"] == 0
-    assert res["left_in_buffer"] == 0
-    assert res["max_step_s"] < 1.0, res  # never waited for the collector (a blocking send would take 2 s)
-    hb = [lr for lr in sink.log_records() if lr.event_name == "otel_gpu.progress"]
-    assert hb and all("export_buffer_dropped" in lr.body.string_value for lr in hb)
-
-
-def test_training_process_counts_what_does_not_fit_and_never_blocks(tmp_path):
-    res, sink, steps = _train_through_a_collector_restart(tmp_path, buffer_mib=0.004)  # ~4 KB: a few requests
-    print({k: v for k, v in res.items() if k != "stderr"})
-    missing = steps - _steps_at(sink)
-    assert missing, "a 4 KB buffer cannot hold 3 s of steps"
-    assert res["spans_dropped"] >= len(missing)  # every lost step span is counted
-    assert res["heartbeat_counters"]["spans_dropped"] > 0
-    assert res["heartbeat_counters"]["export_buffer_dropped"] + res["heartbeat_counters"]["spans_dropped"] > 0
-    assert res["max_step_s"] < 1.0, res
-    # the spans it did accept all arrived: delivered = accepted (sent or buffered, then re-sent)
-    assert sink.wait_for(lambda s: sum(1 for sp in s.spans()) >= res["spans_sent"], 10)
-    assert sum(1 for _ in sink.spans()) == res["spans_sent"]

@@ -1,7 +1,7 @@
 """Private OTLP encoding (opentelemetry-proto messages built directly, no SDK) and a small OTLP client.
 
 The client never blocks its caller for longer than ``timeout_s`` (one request) and never retries in the caller's
-thread. While the collector is unreachable (a failed request starts a backoff of 0.5 s doubling to 10 s), requests
+thread. While the collector is unreachable (a failed request starts a backoff of 0.5 s doubling to 5 s), requests
 go into a bounded in-memory buffer (``buffer_mib``, default 8 MiB, ``OTEL_GPU_EXPORT_BUFFER_MIB``) and are re-sent, in
 order and before any newer request, once a request gets through again (each drain gives the buffer at most about a
 second). What does not fit is refused (``send_*`` returns False: the caller counts it as dropped, newest dropped
@@ -220,7 +220,7 @@ class OtlpClient:
             with self._lock:
                 self.failed += 1
                 self._down_until = time.monotonic() + self._backoff_s
-                self._backoff_s = min(self._backoff_s * 2, 10.0)
+                self._backoff_s = min(self._backoff_s * 2, 5.0)
             if not self._warned:
                 self._warned = True
                 _logger.warning("otel-gpu: OTLP export to %s failed (%s); buffering up to %.1f MiB of telemetry "
