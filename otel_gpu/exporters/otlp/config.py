@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from otel_gpu._security import BearerAuthConfig, ClientTlsConfig
+
 __all__ = ["OtlpExporterConfig", "OtlpHttpExporterConfig", "PersistentQueueConfig", "QueueConfig", "RetryConfig",
            "TlsConfig"]
 
@@ -77,13 +79,9 @@ class QueueConfig:
             raise ValueError("persistent.path needs enabled: true (a disabled queue sends on the caller's thread)")
 
 
-@dataclass
-class TlsConfig:
-    insecure: bool | None = None  # null: TLS only when the endpoint says https://
-    ca_file: str = ""  # PEM roots; empty: the system's
-
-    def validate(self) -> None:
-        return None
+# ``tls``: insecure, ca_file, cert_file + key_file (client certificate for mTLS), insecure_skip_verify,
+# server_name_override. One class for every client of ours (see otel_gpu._security).
+TlsConfig = ClientTlsConfig
 
 
 def _validate_common(cfg) -> None:
@@ -105,6 +103,7 @@ class OtlpExporterConfig:
     timeout_s: float = 5.0
     compression: str = "gzip"
     tls: TlsConfig = field(default_factory=TlsConfig)
+    auth: BearerAuthConfig | None = None  # sends authorization: Bearer <token> (token from a file or ${env:VAR})
     retry_on_failure: RetryConfig = field(default_factory=RetryConfig)
     sending_queue: QueueConfig = field(default_factory=QueueConfig)
 
@@ -138,6 +137,7 @@ class OtlpHttpExporterConfig:
     timeout_s: float = 5.0
     compression: str = "gzip"
     tls: TlsConfig = field(default_factory=TlsConfig)
+    auth: BearerAuthConfig | None = None  # sends authorization: Bearer <token> (token from a file or ${env:VAR})
     retry_on_failure: RetryConfig = field(default_factory=RetryConfig)
     sending_queue: QueueConfig = field(default_factory=QueueConfig)
 

@@ -20,12 +20,12 @@ import logging
 import ssl
 import threading
 import time
-from pathlib import Path
 from urllib.parse import urlsplit
 
 import grpc
 from google.rpc import error_details_pb2, status_pb2
 
+from otel_gpu._security import read_optional
 from otel_gpu.exporters.otlp._queued import Attempt, QueuedExporter
 from otel_gpu.pdata import Signal
 
@@ -82,6 +82,22 @@ def _retry_info_delay(error: grpc.RpcError) -> float | None:
     return None
 
 
+def _auth(exporter) -> None:
+    """Sets ``exporter._token`` (``() -> bytes`` or None) from ``auth``; warns when a token would travel in clear text
+    to another machine (loopback is fine: a sidecar on the same node)."""
+    cfg = exporter.config
+    exporter._token = cfg.auth.token_source("auth.bearer_token") if cfg.auth is not None else None
+    if exporter._token is not None and not cfg.use_tls:
+        host = urlsplit(cfg.endpoint if "://" in cfg.endpoint else f"//{cfg.endpoint}").hostname or ""
+        if host not in ("127.0.0.1", "::1", "localhost"):
+            _logger.warning("%s: the bearer token is sent without TLS to %s; use https:// or tls: {insecure: false}",
+                            exporter.host.component_id, host)
+
+
+def _bearer(exporter) -> str | None:
+    return f"Bearer {exporter._token().decode('utf-8', 'replace')}" if exporter._token is not None else None
+
+
 class OtlpExporter(QueuedExporter):
     """OTLP/gRPC: one channel; each signal's Export method called with identity (de)serializers."""
 
@@ -91,18 +107,28 @@ class OtlpExporter(QueuedExporter):
                    ("grpc.max_receive_message_length", 4 * 1024 * 1024)]
         compression = grpc.Compression.Gzip if cfg.compression == "gzip" else grpc.Compression.NoCompression
         if cfg.use_tls:
-            roots = Path(cfg.tls.ca_file).read_bytes() if cfg.tls.ca_file else None
-            self._channel = grpc.secure_channel(cfg.target, grpc.ssl_channel_credentials(roots), options,
-                                                compression=compression)
+            if cfg.tls.insecure_skip_verify:
+                raise ValueError("tls.insecure_skip_verify is not supported by the gRPC exporter; give tls.ca_file "
+                                 "(the server's CA) instead")
+            if cfg.tls.server_name_override:
+                options.append(("grpc.ssl_target_name_override", cfg.tls.server_name_override))
+            credentials = grpc.ssl_channel_credentials(read_optional(cfg.tls.ca_file), read_optional(cfg.tls.key_file),
+                                                       read_optional(cfg.tls.cert_file))
+            self._channel = grpc.secure_channel(cfg.target, credentials, options, compression=compression)
         else:
             self._channel = grpc.insecure_channel(cfg.target, options, compression=compression)
         self._calls = {s: self._channel.unary_unary(m, request_serializer=None, response_deserializer=None)
                        for s, m in _METHODS.items()}
         self._metadata = tuple((k.lower(), v) for k, v in cfg.headers.items()) or None
+        _auth(self)
 
     def _send_once(self, signal: Signal, body: bytes, timeout_s: float) -> Attempt:
+        metadata = self._metadata
+        bearer = _bearer(self)
+        if bearer is not None:
+            metadata = (*(metadata or ()), ("authorization", bearer))
         try:
-            response = self._calls[signal](body, timeout=timeout_s, metadata=self._metadata)
+            response = self._calls[signal](body, timeout=timeout_s, metadata=metadata)
         except grpc.RpcError as exc:
             code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
             message = f"{code.name}: {exc.details() if hasattr(exc, 'details') else exc}"
@@ -144,11 +170,14 @@ class OtlpHttpExporter(QueuedExporter):
         self._ssl = None
         if cfg.use_tls:
             self._ssl = ssl.create_default_context(cafile=cfg.tls.ca_file or None)
-            if cfg.tls.insecure:
+            if cfg.tls.cert_file:
+                self._ssl.load_cert_chain(cfg.tls.cert_file, cfg.tls.key_file)
+            if cfg.tls.insecure or cfg.tls.insecure_skip_verify:
                 self._ssl.check_hostname = False
                 self._ssl.verify_mode = ssl.CERT_NONE
         self._headers = {"Content-Type": "application/x-protobuf", "User-Agent": "otel-gpu",
                          **({"Content-Encoding": "gzip"} if cfg.compression == "gzip" else {}), **cfg.headers}
+        _auth(self)
         self._local = threading.local()
         self._conns: list[http.client.HTTPConnection] = []
         self._conns_lock = threading.Lock()
@@ -179,7 +208,9 @@ class OtlpHttpExporter(QueuedExporter):
             body = gzip.compress(body, compresslevel=6)
         try:
             conn = self._connection(timeout_s)
-            conn.request("POST", self._paths[signal], body=body, headers=self._headers)
+            bearer = _bearer(self)
+            headers = self._headers if bearer is None else {**self._headers, "Authorization": bearer}
+            conn.request("POST", self._paths[signal], body=body, headers=headers)
             response = conn.getresponse()
             payload = response.read()
             status = response.status

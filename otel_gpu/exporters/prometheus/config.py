@@ -14,6 +14,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from otel_gpu._security import BasicAuthConfig, ServerTlsConfig
+
 __all__ = ["PrometheusExporterConfig", "parse_endpoint"]
 
 _LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
@@ -49,6 +51,8 @@ class PrometheusExporterConfig:
     metric_expiration_s: float = 300.0
     resource_to_telemetry_conversion: bool | dict[str, bool] = True
     const_labels: dict[str, str] = field(default_factory=dict)
+    tls: ServerTlsConfig | None = None  # {cert_file, key_file, client_ca_file}: serve https (mTLS with client_ca_file)
+    basic_auth: BasicAuthConfig | None = None  # {username, password_file}: /metrics needs it; /health stays open
 
     def validate(self) -> None:
         try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import logging
 import socket
+import ssl
 import threading
 from socketserver import ThreadingMixIn
 from typing import Any
@@ -11,6 +12,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
+from otel_gpu._security import BasicAuthChecker, server_ssl_context
 from otel_gpu.component import ComponentHost, Exporter, ExportResult
 from otel_gpu.exporters.prometheus._convert import MetricState
 from otel_gpu.exporters.prometheus.config import PrometheusExporterConfig, parse_endpoint
@@ -38,6 +40,31 @@ class _Server(ThreadingMixIn, WSGIServer):
         host, port = self.server_address[:2]
         self.server_name, self.server_port = str(host), port
         self.setup_environ()
+
+
+class _TlsServer(_Server):
+    """TLS per connection, on the connection's own thread: a stalled handshake never blocks other scrapes."""
+
+    ssl_context: ssl.SSLContext
+
+    def finish_request(self, request, client_address) -> None:
+        request.settimeout(10.0)
+        try:
+            tls = self.ssl_context.wrap_socket(request, server_side=True)
+        except (OSError, ssl.SSLError) as exc:
+            _logger.debug("prometheus: TLS handshake with %s failed: %s", client_address, exc)
+            return
+        try:
+            tls.settimeout(30.0)
+            super().finish_request(tls, client_address)
+        finally:
+            try:
+                tls.close()
+            except OSError:
+                pass
+
+
+_UNAUTHORIZED = b"unauthorized: this endpoint needs basic auth\n"
 
 
 class _Forward:
@@ -76,6 +103,7 @@ class PrometheusExporter(Exporter):
         if self_telemetry is not None:
             self.registry.register(_Forward(self_telemetry))
         self._metrics_app = make_wsgi_app(self.registry)
+        self._basic_auth: BasicAuthChecker | None = None
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -90,10 +118,17 @@ class PrometheusExporter(Exporter):
             return ""
         host = self._server.server_address[0]
         host = f"[{host}]" if ":" in host else host
-        return f"http://{host}:{self.port}"
+        return f"{'https' if self.config.tls else 'http'}://{host}:{self.port}"
 
     def _app(self, environ: dict, start_response: Any) -> list[bytes]:
         path = environ.get("PATH_INFO", "/")
+        # /health stays open so that liveness probes need no credentials; it tells nothing but "ok".
+        if self._basic_auth is not None and path not in ("/health", "/healthz") \
+                and not self._basic_auth.check(environ.get("HTTP_AUTHORIZATION")):
+            start_response("401 Unauthorized", [("Content-Type", "text/plain; charset=utf-8"),
+                                                ("WWW-Authenticate", 'Basic realm="otel-gpu", charset="UTF-8"'),
+                                                ("Content-Length", str(len(_UNAUTHORIZED)))])
+            return [_UNAUTHORIZED]
         if path == "/metrics":
             return self._metrics_app(environ, start_response)
         if path in ("/health", "/healthz"):
@@ -107,9 +142,13 @@ class PrometheusExporter(Exporter):
 
     def start(self) -> None:
         host, port = parse_endpoint(self.config.endpoint)
+        if self.config.basic_auth is not None:  # reads password_file: a missing file fails start-up, naming the key
+            self._basic_auth = BasicAuthChecker(self.config.basic_auth, "basic_auth.password")
         server_class = _Server
+        if self.config.tls is not None:
+            server_class = type("_TlsServer", (_TlsServer,), {"ssl_context": server_ssl_context(self.config.tls)})
         if ":" in host:
-            server_class = type("_Server6", (_Server,), {"address_family": socket.AF_INET6})
+            server_class = type("_Server6", (server_class,), {"address_family": socket.AF_INET6})
         try:
             self._server = make_server(host, port, self._app, server_class=server_class, handler_class=_Quiet)
         except OSError as exc:

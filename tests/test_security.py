@@ -1,0 +1,513 @@
+"""Security: loopback by default; bearer-token auth and TLS / mutual TLS on the OTLP receivers and exporters; TLS and
+basic auth on the Prometheus endpoint; secrets never in logs or config errors.
+
+Everything runs over real gRPC / HTTP(S) on loopback, with certificates made at test time (``cryptography``).
+"""
+from __future__ import annotations
+
+import base64
+import dataclasses
+import datetime
+import http.client
+import ipaddress
+import os
+import socket
+import ssl
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+from opentelemetry.proto.trace.v1 import trace_pb2
+
+from collector_proc import free_port, start_collector
+from otel_gpu.collector.config import load_default, load_text
+from otel_gpu.collector.registry import BUILTIN, load_factory
+from otel_gpu.collector.telemetry import PrometheusSelfTelemetry
+from otel_gpu.component import ComponentHost
+from otel_gpu.config import ConfigError, build
+from otel_gpu.pdata import Batch, Signal
+
+TRACE_METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+LOOPBACK = {"127.0.0.1", "::1", "localhost"}
+
+
+# -- certificates --------------------------------------------------------------------------------------------------
+def _name(cn: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+
+def _cert(subject: str, key, issuer_name: x509.Name, issuer_key, *, ca: bool = False, server: bool = False):
+    now = datetime.datetime.now(datetime.timezone.utc)
+    builder = (x509.CertificateBuilder().subject_name(_name(subject)).issuer_name(issuer_name)
+               .public_key(key.public_key()).serial_number(x509.random_serial_number())
+               .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
+               .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+    if server:
+        builder = builder.add_extension(x509.SubjectAlternativeName(
+            [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+    return builder.sign(issuer_key, hashes.SHA256())
+
+
+def _write(path: Path, cert=None, key=None) -> str:
+    data = b""
+    if cert is not None:
+        data += cert.public_bytes(serialization.Encoding.PEM)
+    if key is not None:
+        data += key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                  serialization.NoEncryption())
+    path.write_bytes(data)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    d = tmp_path_factory.mktemp("pki")
+    files = {}
+    for prefix in ("", "rogue_"):
+        ca_key = ec.generate_private_key(ec.SECP256R1())
+        ca = _cert(f"{prefix}test-ca", ca_key, _name(f"{prefix}test-ca"), ca_key, ca=True)
+        files[f"{prefix}ca"] = _write(d / f"{prefix}ca.pem", ca)
+        client_key = ec.generate_private_key(ec.SECP256R1())
+        files[f"{prefix}client_cert"] = _write(d / f"{prefix}client.pem",
+                                               _cert(f"{prefix}client", client_key, ca.subject, ca_key))
+        files[f"{prefix}client_key"] = _write(d / f"{prefix}client.key", key=client_key)
+        if not prefix:
+            server_key = ec.generate_private_key(ec.SECP256R1())
+            files["server_cert"] = _write(d / "server.pem", _cert("localhost", server_key, ca.subject, ca_key,
+                                                                  server=True))
+            files["server_key"] = _write(d / "server.key", key=server_key)
+    return files
+
+
+# -- helpers -------------------------------------------------------------------------------------------------------
+def trace_body(name: str = "s") -> bytes:
+    req = trace_service_pb2.ExportTraceServiceRequest()
+    req.resource_spans.add().scope_spans.add().spans.append(trace_pb2.Span(
+        trace_id=b"\x01" * 16, span_id=b"\x02" * 8, name=name, start_time_unix_nano=1, end_time_unix_nano=2))
+    return req.SerializeToString()
+
+
+class Keep:
+    def __init__(self):
+        self.batches: list[Batch] = []
+
+    def consume(self, batch: Batch) -> None:
+        self.batches.append(batch)
+
+
+def start_receiver(settings: dict):
+    factory = load_factory("receiver", "otlp")
+    cfg = build(factory.config_class, settings, "receivers.otlp")
+    keep = Keep()
+    host = ComponentHost("otlp", PrometheusSelfTelemetry(), {s: keep for s in Signal})
+    receiver = factory.create(cfg, host)
+    receiver.start()
+    return receiver, keep
+
+
+def grpc_export(channel, metadata=None, timeout=5):
+    call = channel.unary_unary(TRACE_METHOD, request_serializer=None, response_deserializer=None)
+    return call(trace_body(), timeout=timeout, metadata=metadata)
+
+
+def grpc_code(channel, metadata=None) -> grpc.StatusCode:
+    try:
+        grpc_export(channel, metadata)
+    except grpc.RpcError as err:
+        return err.code()
+    return grpc.StatusCode.OK
+
+
+def https_post(port: int, ctx: ssl.SSLContext | None, headers: dict | None = None):
+    conn = (http.client.HTTPSConnection("127.0.0.1", port, timeout=5, context=ctx) if ctx is not None
+            else http.client.HTTPConnection("127.0.0.1", port, timeout=5))
+    try:
+        conn.request("POST", "/v1/traces", body=trace_body(),
+                     headers={"Content-Type": "application/x-protobuf", **(headers or {})})
+        resp = conn.getresponse()
+        return resp.status, dict(resp.getheaders()), resp.read()
+    finally:
+        conn.close()
+
+
+def client_ctx(pki, cert: str | None = None) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cafile=pki["ca"])
+    if cert is not None:
+        ctx.load_cert_chain(pki[f"{cert}client_cert"], pki[f"{cert}client_key"])
+    return ctx
+
+
+# -- loopback by default -------------------------------------------------------------------------------------------
+def _endpoints(obj, path: str):
+    """Every endpoint-like string setting in a (nested) config dataclass."""
+    if not dataclasses.is_dataclass(obj):
+        return
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name, None)
+        key = f"{path}.{f.name}"
+        if isinstance(value, str) and value and (f.name.endswith("endpoint") or f.name.endswith("address")):
+            yield key, value
+        elif dataclasses.is_dataclass(value):
+            yield from _endpoints(value, key)
+
+
+def _host(endpoint: str) -> str:
+    target = endpoint.split("://", 1)[-1].split("/", 1)[0]
+    return target.rpartition(":")[0].strip("[]")
+
+
+def test_every_listener_binds_loopback_by_default():
+    """Every built-in component's defaults, and the built-in default config, listen on loopback only."""
+    checked = []
+    for kind, table in BUILTIN.items():
+        for type_name in table:
+            factory = load_factory(kind, type_name)
+            if kind == "exporter":
+                continue  # an exporter's endpoint is where it sends, not where it listens (prometheus: below)
+            for key, endpoint in _endpoints(factory.config_class(), f"{kind}s.{type_name}"):
+                checked.append(key)
+                assert _host(endpoint) in LOOPBACK, f"{key} defaults to {endpoint}"
+    prom = load_factory("exporter", "prometheus").config_class()
+    assert _host(prom.endpoint) in LOOPBACK
+    checked.append("exporters.prometheus.endpoint")
+    default = load_default()
+    for spec in default.components.values():
+        if spec.kind == "exporter" and spec.type != "prometheus":
+            continue
+        for key, endpoint in _endpoints(spec.config, f"{spec.kind}s.{spec.id}"):
+            checked.append(key)
+            assert _host(endpoint) in LOOPBACK, f"default config: {key} = {endpoint}"
+    assert default.telemetry.metrics_address == ""
+    assert {"receivers.otlp.grpc.endpoint", "receivers.otlp.http.endpoint",
+            "exporters.prometheus.endpoint"} <= set(checked), checked
+
+
+def test_default_listeners_really_bind_loopback():
+    """The default config's listeners, started (on free ports), accept only on 127.0.0.1: a connection to this
+    machine's other addresses is refused."""
+    from otel_gpu.collector.runtime import Collector
+
+    config = load_default()
+    for spec in config.components.values():
+        for _key, endpoint in _endpoints(spec.config, spec.id):
+            host = _host(endpoint)
+            obj = spec.config
+            for part in _key.split(".")[1:-1]:
+                obj = getattr(obj, part)
+            setattr(obj, _key.split(".")[-1], f"{host}:0")
+    store = config.components["exporter:store"].config
+    store.path = str(Path(os.environ.get("TMPDIR", "/tmp")) / f"otel-gpu-sec-{os.getpid()}")
+    collector = Collector(config)
+    collector.start()
+    try:
+        receiver = collector.component("receiver", "otlp")
+        prom = collector.component("exporter", "prometheus")
+        ports = [receiver.grpc_port, receiver.http_port, prom.port]
+        assert all(ports)
+        other = _non_loopback_address()
+        for port in ports:
+            with socket.create_connection(("127.0.0.1", port), timeout=2):
+                pass
+            if other is not None:
+                with pytest.raises(OSError):
+                    socket.create_connection((other, port), timeout=2).close()
+    finally:
+        collector.shutdown()
+
+
+def _non_loopback_address() -> str | None:
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("10.255.255.255", 1))  # no packet is sent; picks the outward interface's address
+            addr = s.getsockname()[0]
+    except OSError:
+        return None
+    return None if addr.startswith("127.") else addr
+
+
+# -- receiver: bearer auth -----------------------------------------------------------------------------------------
+def test_receiver_bearer_auth_grpc_and_http(tmp_path):
+    token_file = tmp_path / "token"
+    token_file.write_text("tok-EXAMPLE-1\n")
+    receiver, keep = start_receiver({"grpc": {"endpoint": "127.0.0.1:0", "auth": {"bearer_token_file": str(token_file)}},
+                                     "http": {"endpoint": "127.0.0.1:0", "auth": {"bearer_token_file": str(token_file)}}})
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{receiver.grpc_port}") as ch:
+            assert grpc_code(ch) is grpc.StatusCode.UNAUTHENTICATED
+            assert grpc_code(ch, (("authorization", "Bearer wrong"),)) is grpc.StatusCode.UNAUTHENTICATED
+            assert grpc_code(ch, (("authorization", "Basic dG9rLUVYQU1QTEUtMQ=="),)) is grpc.StatusCode.UNAUTHENTICATED
+            assert grpc_code(ch, (("authorization", "Bearer tok-EXAMPLE-1"),)) is grpc.StatusCode.OK
+        assert len(keep.batches) == 1
+        status, headers, _ = https_post(receiver.http_port, None)
+        assert status == 401 and headers["WWW-Authenticate"].startswith("Bearer")
+        assert https_post(receiver.http_port, None, {"Authorization": "Bearer nope"})[0] == 401
+        assert https_post(receiver.http_port, None, {"Authorization": "Bearer tok-EXAMPLE-1"})[0] == 200
+        assert len(keep.batches) == 2
+        # Rotation: a new token in the file is picked up without a restart; the old one stops working.
+        time.sleep(0.05)
+        token_file.write_text("tok-EXAMPLE-2-rotated\n")
+        time.sleep(1.2)
+        assert https_post(receiver.http_port, None, {"Authorization": "Bearer tok-EXAMPLE-1"})[0] == 401
+        assert https_post(receiver.http_port, None, {"Authorization": "Bearer tok-EXAMPLE-2-rotated"})[0] == 200
+    finally:
+        receiver.shutdown()
+
+
+def test_receiver_token_from_env_and_missing_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("OTEL_GPU_TEST_TOKEN", "env-tok-EXAMPLE")
+    port = free_port()
+    cfg = load_text(f"""
+receivers: {{otlp: {{grpc: {{endpoint: "127.0.0.1:{port}", auth: {{bearer_token: "${{env:OTEL_GPU_TEST_TOKEN}}"}}}},
+                     http: null}}}}
+exporters: {{debug: {{}}}}
+service: {{pipelines: {{traces: {{receivers: [otlp], exporters: [debug]}}}}}}
+""")
+    assert "env-tok-EXAMPLE" not in repr(cfg.components["receiver:otlp"].config)
+    from otel_gpu.collector.runtime import Collector, StartError
+
+    collector = Collector(cfg)
+    collector.start()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+            assert grpc_code(ch, (("authorization", "Bearer env-tok-EXAMPLE"),)) is grpc.StatusCode.OK
+            assert grpc_code(ch, (("authorization", "Bearer env-tok"),)) is grpc.StatusCode.UNAUTHENTICATED
+    finally:
+        collector.shutdown()
+    bad = load_text(f"""
+receivers: {{otlp: {{grpc: {{endpoint: "127.0.0.1:0", auth: {{bearer_token_file: {tmp_path}/missing}}}}, http: null}}}}
+exporters: {{debug: {{}}}}
+service: {{pipelines: {{traces: {{receivers: [otlp], exporters: [debug]}}}}}}
+""")
+    with pytest.raises(StartError, match=r"receivers.otlp: could not start: grpc.auth.bearer_token_file: cannot read"):
+        Collector(bad).start()
+
+
+# -- receiver: TLS and mutual TLS ----------------------------------------------------------------------------------
+def test_receiver_tls_grpc_and_http(pki):
+    tls = {"cert_file": pki["server_cert"], "key_file": pki["server_key"]}
+    receiver, keep = start_receiver({"grpc": {"endpoint": "127.0.0.1:0", "tls": tls},
+                                     "http": {"endpoint": "127.0.0.1:0", "tls": tls}})
+    try:
+        roots = Path(pki["ca"]).read_bytes()
+        with grpc.secure_channel(f"127.0.0.1:{receiver.grpc_port}", grpc.ssl_channel_credentials(roots)) as ch:
+            assert grpc_code(ch) is grpc.StatusCode.OK
+        with grpc.insecure_channel(f"127.0.0.1:{receiver.grpc_port}") as ch:  # plaintext to a TLS port
+            assert grpc_code(ch) is grpc.StatusCode.UNAVAILABLE
+        rogue = Path(pki["rogue_ca"]).read_bytes()  # a client that does not trust our server's CA
+        with grpc.secure_channel(f"127.0.0.1:{receiver.grpc_port}", grpc.ssl_channel_credentials(rogue)) as ch:
+            assert grpc_code(ch) is grpc.StatusCode.UNAVAILABLE
+        assert https_post(receiver.http_port, client_ctx(pki))[0] == 200
+        with pytest.raises((http.client.HTTPException, ConnectionError)):
+            https_post(receiver.http_port, None)  # plaintext to a TLS port
+        assert len(keep.batches) == 2
+    finally:
+        receiver.shutdown()
+
+
+def test_receiver_mutual_tls_grpc_and_http(pki):
+    tls = {"cert_file": pki["server_cert"], "key_file": pki["server_key"], "client_ca_file": pki["ca"]}
+    receiver, keep = start_receiver({"grpc": {"endpoint": "127.0.0.1:0", "tls": tls},
+                                     "http": {"endpoint": "127.0.0.1:0", "tls": tls}})
+    try:
+        roots = Path(pki["ca"]).read_bytes()
+
+        def creds(prefix: str | None):
+            if prefix is None:
+                return grpc.ssl_channel_credentials(roots)
+            return grpc.ssl_channel_credentials(roots, Path(pki[f"{prefix}client_key"]).read_bytes(),
+                                                Path(pki[f"{prefix}client_cert"]).read_bytes())
+
+        target = f"127.0.0.1:{receiver.grpc_port}"
+        with grpc.secure_channel(target, creds("")) as ch:
+            assert grpc_code(ch) is grpc.StatusCode.OK
+        for bad in (None, "rogue_"):  # no client certificate; one signed by another CA
+            with grpc.secure_channel(target, creds(bad)) as ch:
+                assert grpc_code(ch) is grpc.StatusCode.UNAVAILABLE, bad
+        assert https_post(receiver.http_port, client_ctx(pki, ""))[0] == 200
+        for bad in (None, "rogue_"):
+            with pytest.raises((ssl.SSLError, ConnectionError, http.client.HTTPException)):
+                https_post(receiver.http_port, client_ctx(pki, bad))
+        # A failed handshake does not stop the server from serving the next client.
+        assert https_post(receiver.http_port, client_ctx(pki, ""))[0] == 200
+        assert len(keep.batches) == 3
+    finally:
+        receiver.shutdown()
+
+
+def test_tls_config_errors_name_the_key(pki, tmp_path):
+    factory = load_factory("receiver", "otlp")
+    with pytest.raises(ConfigError, match=r"receivers.otlp.grpc.tls.cert_file: TLS needs both cert_file and key_file"):
+        build(factory.config_class, {"grpc": {"tls": {"cert_file": pki["server_cert"]}}}, "receivers.otlp")
+    with pytest.raises(ConfigError, match=r"receivers.otlp.http.tls.client_ca_file: cannot read"):
+        build(factory.config_class, {"http": {"tls": {"cert_file": pki["server_cert"], "key_file": pki["server_key"],
+                                                      "client_ca_file": str(tmp_path / "nope.pem")}}}, "receivers.otlp")
+
+
+# -- exporters: TLS (mutual) + bearer token, to our own receiver ------------------------------------------------------
+@pytest.mark.parametrize("kind", ["otlp", "otlphttp"])
+def test_exporter_tls_client_cert_and_token_reach_a_locked_receiver(pki, tmp_path, kind):
+    token_file = tmp_path / "token"
+    token_file.write_text("exp-tok-EXAMPLE")
+    tls = {"cert_file": pki["server_cert"], "key_file": pki["server_key"], "client_ca_file": pki["ca"]}
+    auth = {"bearer_token_file": str(token_file)}
+    receiver, keep = start_receiver({"grpc": {"endpoint": "127.0.0.1:0", "tls": tls, "auth": auth},
+                                     "http": {"endpoint": "127.0.0.1:0", "tls": tls, "auth": auth}})
+    factory = load_factory("exporter", kind)
+    client_tls = {"ca_file": pki["ca"], "cert_file": pki["client_cert"], "key_file": pki["client_key"]}
+    endpoint = (f"https://localhost:{receiver.grpc_port}" if kind == "otlp"
+                else f"https://localhost:{receiver.http_port}")
+    results = {}
+    try:
+        for label, token in (("right", "exp-tok-EXAMPLE"), ("wrong", "not-the-token")):
+            telemetry = PrometheusSelfTelemetry()
+            cfg = build(factory.config_class, {
+                "endpoint": endpoint, "tls": client_tls, "auth": {"bearer_token": token},
+                "retry_on_failure": {"initial_interval_s": 0.1, "max_interval_s": 0.2, "max_elapsed_time_s": 1},
+                "sending_queue": {"num_consumers": 1}}, f"exporters.{kind}")
+            exporter = factory.create(cfg, ComponentHost(kind, telemetry))
+            exporter.start()
+            before = len(keep.batches)
+            exporter.export(Batch.from_bytes(Signal.TRACES, trace_body(label)))
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and not (
+                    telemetry.value("otel_gpu.collector.exported", kind, Signal.TRACES)
+                    or telemetry.value("otel_gpu.collector.dropped", kind, Signal.TRACES)):
+                time.sleep(0.05)
+            exporter.shutdown(2)
+            results[label] = (len(keep.batches) - before,
+                              telemetry.value("otel_gpu.collector.exported", kind, Signal.TRACES),
+                              telemetry.value("otel_gpu.collector.dropped", kind, Signal.TRACES))
+    finally:
+        receiver.shutdown()
+    assert results["right"] == (1, 1.0, 0.0), results
+    assert results["wrong"] == (0, 0.0, 1.0), results  # UNAUTHENTICATED / 401: permanent, dropped and counted
+    assert keep.batches[0].message.resource_spans[0].scope_spans[0].spans[0].name == "right"
+
+
+# -- prometheus: TLS + basic auth ----------------------------------------------------------------------------------
+def test_prometheus_tls_and_basic_auth(pki, tmp_path):
+    pw = tmp_path / "pw"
+    pw.write_text("pw-EXAMPLE-secret\n")
+    factory = load_factory("exporter", "prometheus")
+    cfg = build(factory.config_class, {"endpoint": "127.0.0.1:0",
+                                       "tls": {"cert_file": pki["server_cert"], "key_file": pki["server_key"]},
+                                       "basic_auth": {"username": "scraper", "password_file": str(pw)}},
+                "exporters.prometheus")
+    telemetry = PrometheusSelfTelemetry()
+    telemetry.received("otlp", Signal.METRICS, 3)
+    exporter = factory.create(cfg, ComponentHost("prometheus", telemetry,
+                                                 services={"self_telemetry_registry": telemetry.registry}))
+    exporter.start()
+    assert exporter.url.startswith("https://127.0.0.1:")
+
+    def get(path: str, user: str | None = None, password: str | None = None, ctx=None):
+        conn = http.client.HTTPSConnection("127.0.0.1", exporter.port, timeout=5, context=ctx or client_ctx(pki))
+        headers = {}
+        if user is not None:
+            headers["Authorization"] = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+        try:
+            conn.request("GET", path, headers=headers)
+            resp = conn.getresponse()
+            return resp.status, dict(resp.getheaders()), resp.read()
+        finally:
+            conn.close()
+
+    try:
+        status, headers, _ = get("/metrics")
+        assert status == 401 and headers["WWW-Authenticate"].startswith("Basic")
+        assert get("/metrics", "scraper", "wrong")[0] == 401
+        assert get("/metrics", "other", "pw-EXAMPLE-secret")[0] == 401
+        status, _, body = get("/metrics", "scraper", "pw-EXAMPLE-secret")
+        assert status == 200 and b"otel_gpu_collector_received" in body, (status, body[:200])
+        assert get("/health")[0] == 200  # probes need no credentials
+        conn = http.client.HTTPConnection("127.0.0.1", exporter.port, timeout=5)  # plaintext to the TLS port
+        with pytest.raises((http.client.HTTPException, ConnectionError)):
+            conn.request("GET", "/health")
+            conn.getresponse()
+        conn.close()
+    finally:
+        exporter.shutdown()
+
+
+# -- secrets never logged ------------------------------------------------------------------------------------------
+SECRETS = ("tok-RECEIVER-9f3a", "tok-CLIENT-WRONG-77c1", "tok-EXPORTER-5d2e", "pw-PROM-0b8d")
+
+
+@pytest.mark.timeout(60)
+def test_secrets_never_appear_in_collector_logs(tmp_path, pki):
+    token_file = tmp_path / "receiver.token"
+    token_file.write_text(SECRETS[0])
+    grpc_port, http_port, prom_port, dead_port = free_port(), free_port(), free_port(), free_port()
+    text = f"""
+receivers:
+  otlp:
+    grpc: {{endpoint: 127.0.0.1:{grpc_port}, auth: {{bearer_token_file: {token_file}}}}}
+    http: {{endpoint: 127.0.0.1:{http_port}, auth: {{bearer_token_file: {token_file}}}}}
+exporters:
+  otlp: {{endpoint: 127.0.0.1:{dead_port}, auth: {{bearer_token: "${{env:EXPORT_TOKEN}}"}},
+          retry_on_failure: {{initial_interval_s: 0.1, max_interval_s: 0.2, max_elapsed_time_s: 1}}}}
+  prometheus:
+    endpoint: 127.0.0.1:{prom_port}
+    basic_auth: {{username: scraper, password: "${{env:PROM_PASSWORD}}"}}
+service:
+  telemetry: {{logs: {{level: debug}}}}
+  pipelines:
+    traces: {{receivers: [otlp], exporters: [otlp]}}
+    metrics: {{receivers: [otlp], exporters: [prometheus]}}
+"""
+    env = {"EXPORT_TOKEN": SECRETS[2], "PROM_PASSWORD": SECRETS[3]}
+    with start_collector(text, tmp_path, env=env) as proc:
+        with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as ch:
+            for token in (SECRETS[0], SECRETS[1]):
+                grpc_code(ch, (("authorization", f"Bearer {token}"),))
+        for token in (SECRETS[0], SECRETS[1]):
+            https_post(http_port, None, {"Authorization": f"Bearer {token}"})
+        for password in (SECRETS[3], SECRETS[1]):
+            conn = http.client.HTTPConnection("127.0.0.1", prom_port, timeout=5)
+            auth = base64.b64encode(f"scraper:{password}".encode()).decode()
+            conn.request("GET", "/metrics", headers={"Authorization": f"Basic {auth}"})
+            conn.getresponse().read()
+            conn.close()
+        time.sleep(1.5)  # the exporter tries the dead backend and gives up (logged)
+        assert proc.stop() == 0
+        log = proc.stderr_text()
+    assert "otel-gpu collector ready" in log and "bearer-token auth" in log
+    assert "dropping traces batch" in log or "drop" in log.lower()
+    for secret in SECRETS:
+        assert secret not in log, f"{secret} leaked into the collector's log"
+        assert base64.b64encode(secret.encode()).decode() not in log
+
+
+@pytest.mark.parametrize("value", ["tok-ERR-41aa", "[tok-ERR-41aa, x]", "{tok-ERR-41aa: 1}", "12345678901234"])
+def test_secrets_never_appear_in_config_errors(value, monkeypatch, tmp_path):
+    monkeypatch.setenv("SECRET_VALUE", value)
+    needle = "tok-ERR-41aa" if "tok" in value else value
+    configs = [
+        # both the inline token and a file
+        f'receivers: {{otlp: {{grpc: {{auth: {{bearer_token: "${{env:SECRET_VALUE}}", bearer_token_file: /x}}}}}}}}',
+        # a sibling setting wrong, and an unknown key beside the token
+        f'receivers: {{otlp: {{grpc: {{max_workers: many, auth: {{bearer_token: "${{env:SECRET_VALUE}}", '
+        f'bearer_tokn: 1}}}}}}}}',
+        # exporter token and prometheus password, with errors around them
+        f'exporters: {{otlp: {{endpoint: "nope", auth: {{bearer_token: "${{env:SECRET_VALUE}}"}}}}, '
+        f'prometheus: {{basic_auth: {{username: "a:b", password: "${{env:SECRET_VALUE}}"}}}}}}',
+    ]
+    tail = "\nservice: {pipelines: {traces: {receivers: [otlp], exporters: [debug]}}}\n"
+    for text in configs:
+        with pytest.raises(ConfigError) as info:
+            load_text(text + tail)
+        assert needle not in str(info.value), str(info.value)
+    # The same through the CLI: its error output does not show the secret either.
+    (tmp_path / "bad.yaml").write_text(configs[0] + tail)
+    out = subprocess.run([sys.executable, "-m", "otel_gpu", "collector", "--config", str(tmp_path / "bad.yaml")],
+                         capture_output=True, text=True, timeout=30, env={**os.environ, "SECRET_VALUE": value})
+    assert out.returncode != 0 and "bearer_token" in out.stderr, out.stderr
+    assert needle not in out.stderr + out.stdout
