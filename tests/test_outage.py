@@ -258,3 +258,17 @@ def test_training_processes_buffer_across_a_collector_restart(tmp_path):
                 p.kill()
         collector.stop()
         sink.stop()
+
+
+def test_a_damaged_queue_file_is_set_aside_not_fatal(tmp_path):
+    queue_dir = tmp_path / "q"
+    queue_dir.mkdir()
+    (queue_dir / "otlp_disk.sqlite").write_bytes(b"this is not a database" * 100)
+    port = free_port()
+    exporter, _ = _exporter(f"127.0.0.1:{port}", queue_dir)
+    try:
+        assert exporter.export(_batch(1)) is ExportResult.QUEUED
+        assert _rows(queue_dir) == 1
+        assert list(queue_dir.glob("otlp_disk.sqlite.corrupt-*"))
+    finally:
+        exporter.shutdown(0.3)

@@ -68,15 +68,34 @@ class PersistentStore:
                               f"same sending_queue.persistent.path?)") from None
         self._mutex = threading.Lock()
         try:
-            self._db = sqlite3.connect(str(self.file), check_same_thread=False, isolation_level=None)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute(f"PRAGMA synchronous={'FULL' if sync == 'full' else 'NORMAL'}")
-            self._db.execute("CREATE TABLE IF NOT EXISTS queue (id INTEGER PRIMARY KEY AUTOINCREMENT, "
-                             "signal TEXT NOT NULL, items INTEGER NOT NULL, data BLOB NOT NULL)")
-            self.total_bytes = int(self._db.execute("SELECT COALESCE(SUM(LENGTH(data)), 0) FROM queue").fetchone()[0])
+            try:
+                self._open(sync)
+            except sqlite3.DatabaseError as exc:
+                # A damaged file must not keep the collector down: set it aside (for a post-mortem), start empty.
+                aside = self.file.with_name(f"{self.file.name}.corrupt-{os.getpid()}")
+                _logger.error("%s: unreadable (%s); moved to %s, starting with an empty queue", self.file, exc,
+                              aside)
+                for suffix in ("", "-wal", "-shm"):
+                    src = Path(f"{self.file}{suffix}")
+                    if src.exists():
+                        src.rename(f"{aside}{suffix}")
+                self._open(sync)
         except Exception:
             os.close(self._lock_fd)
             raise
+
+    def _open(self, sync: str) -> None:
+        db = sqlite3.connect(str(self.file), check_same_thread=False, isolation_level=None)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute(f"PRAGMA synchronous={'FULL' if sync == 'full' else 'NORMAL'}")
+            db.execute("CREATE TABLE IF NOT EXISTS queue (id INTEGER PRIMARY KEY AUTOINCREMENT, "
+                       "signal TEXT NOT NULL, items INTEGER NOT NULL, data BLOB NOT NULL)")
+            self.total_bytes = int(db.execute("SELECT COALESCE(SUM(LENGTH(data)), 0) FROM queue").fetchone()[0])
+        except BaseException:
+            db.close()
+            raise
+        self._db = db
 
     def entries(self) -> list[DiskEntry]:
         """Every stored batch, oldest first (what to replay on start). Rows of an unknown signal are deleted."""

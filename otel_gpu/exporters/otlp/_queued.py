@@ -89,7 +89,7 @@ class QueuedExporter(Exporter):
                 worker = threading.Thread(target=self._work, name=f"{self._cid}-sender-{i}", daemon=True)
                 worker.start()
                 self._workers.append(worker)
-        self.host.telemetry.queue(self._cid, 0, self._capacity)
+        self.host.telemetry.queue(self._cid, len(self._queue), self._capacity)
 
     def export(self, batch: Batch) -> ExportResult:
         if not self._accepting:
