@@ -211,9 +211,14 @@ class BasicAuthChecker:
 
 
 # -- TLS -----------------------------------------------------------------------------------------------------------
-def _check_readable(path: str, key: str) -> None:
-    if path and not os.access(path, os.R_OK):
-        raise ValueError(f"{key}: cannot read {path!r}")
+def read_pem(path: str, key: str) -> bytes:
+    """The bytes of a PEM file; ValueError naming the setting when it cannot be read. Files are read when the
+    component starts, not when the config is validated, so that a config can be checked away from its secrets."""
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise ValueError(f"{key}: cannot read {path!r} ({exc.strerror})") from None
 
 
 @dataclass
@@ -229,36 +234,40 @@ class ServerTlsConfig:
     def validate(self) -> None:
         if not self.cert_file or not self.key_file:
             raise ValueError("cert_file: TLS needs both cert_file and key_file")
-        for key in ("cert_file", "key_file", "client_ca_file"):
-            _check_readable(getattr(self, key), key)
         if self.min_version not in ("1.2", "1.3"):
             raise ValueError(f"min_version must be 1.2 or 1.3 (got {self.min_version!r})")
 
 
-def server_ssl_context(cfg: ServerTlsConfig) -> ssl.SSLContext:
+def server_ssl_context(cfg: ServerTlsConfig, prefix: str = "tls") -> ssl.SSLContext:
     """An ``ssl.SSLContext`` for a server socket (TLS >= min_version; client certificates required with
-    ``client_ca_file``)."""
+    ``client_ca_file``). Raises ValueError naming ``prefix.<key>`` for a file that is missing or not PEM."""
+    for key in ("cert_file", "key_file", "client_ca_file"):
+        if getattr(cfg, key):
+            read_pem(getattr(cfg, key), f"{prefix}.{key}")
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_3 if cfg.min_version == "1.3" else ssl.TLSVersion.TLSv1_2
-    ctx.load_cert_chain(cfg.cert_file, cfg.key_file)
+    try:
+        ctx.load_cert_chain(cfg.cert_file, cfg.key_file)
+    except ssl.SSLError as exc:
+        raise ValueError(f"{prefix}.cert_file / key_file: not a matching PEM certificate and key ({exc.reason})") \
+            from None
     if cfg.client_ca_file:
-        ctx.load_verify_locations(cafile=cfg.client_ca_file)
+        try:
+            ctx.load_verify_locations(cafile=cfg.client_ca_file)
+        except ssl.SSLError as exc:
+            raise ValueError(f"{prefix}.client_ca_file: not a PEM CA certificate ({exc.reason})") from None
         ctx.verify_mode = ssl.CERT_REQUIRED
     return ctx
 
 
-def grpc_server_credentials(cfg: ServerTlsConfig):
+def grpc_server_credentials(cfg: ServerTlsConfig, prefix: str = "tls"):
     """``grpc.ServerCredentials`` for :class:`ServerTlsConfig` (mTLS with ``client_ca_file``)."""
     import grpc
 
-    with open(cfg.key_file, "rb") as f:
-        key = f.read()
-    with open(cfg.cert_file, "rb") as f:
-        cert = f.read()
-    roots = None
-    if cfg.client_ca_file:
-        with open(cfg.client_ca_file, "rb") as f:
-            roots = f.read()
+    server_ssl_context(cfg, prefix)  # the same checks, with the same messages, before grpc's own (vaguer) ones
+    key = read_pem(cfg.key_file, f"{prefix}.key_file")
+    cert = read_pem(cfg.cert_file, f"{prefix}.cert_file")
+    roots = read_pem(cfg.client_ca_file, f"{prefix}.client_ca_file") if cfg.client_ca_file else None
     return grpc.ssl_server_credentials([(key, cert)], root_certificates=roots, require_client_auth=roots is not None)
 
 
@@ -278,12 +287,7 @@ class ClientTlsConfig:
     def validate(self) -> None:
         if bool(self.cert_file) != bool(self.key_file):
             raise ValueError("cert_file: a client certificate needs both cert_file and key_file")
-        for key in ("ca_file", "cert_file", "key_file"):
-            _check_readable(getattr(self, key), key)
 
 
-def read_optional(path: str) -> bytes | None:
-    if not path:
-        return None
-    with open(path, "rb") as f:
-        return f.read()
+def read_optional(path: str, key: str = "tls") -> bytes | None:
+    return read_pem(path, key) if path else None

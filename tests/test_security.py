@@ -346,9 +346,22 @@ def test_tls_config_errors_name_the_key(pki, tmp_path):
     factory = load_factory("receiver", "otlp")
     with pytest.raises(ConfigError, match=r"receivers.otlp.grpc.tls.cert_file: TLS needs both cert_file and key_file"):
         build(factory.config_class, {"grpc": {"tls": {"cert_file": pki["server_cert"]}}}, "receivers.otlp")
-    with pytest.raises(ConfigError, match=r"receivers.otlp.http.tls.client_ca_file: cannot read"):
-        build(factory.config_class, {"http": {"tls": {"cert_file": pki["server_cert"], "key_file": pki["server_key"],
-                                                      "client_ca_file": str(tmp_path / "nope.pem")}}}, "receivers.otlp")
+    # Files are read at start (a config can be validated away from its secrets, e.g. a rendered Helm chart).
+    from otel_gpu.collector.runtime import Collector, StartError
+
+    cfg = load_text(f"""
+receivers: {{otlp: {{grpc: null, http: {{endpoint: "127.0.0.1:0", tls: {{cert_file: {pki['server_cert']},
+                     key_file: {pki['server_key']}, client_ca_file: {tmp_path}/nope.pem}}}}}}}}
+exporters: {{debug: {{}}}}
+service: {{pipelines: {{traces: {{receivers: [otlp], exporters: [debug]}}}}}}
+""")
+    with pytest.raises(StartError, match=r"receivers.otlp: could not start: http.tls.client_ca_file: cannot read"):
+        Collector(cfg).start()
+    (tmp_path / "garbage.pem").write_text("not a certificate")
+    cfg.components["receiver:otlp"].config.http.tls.client_ca_file = ""
+    cfg.components["receiver:otlp"].config.http.tls.cert_file = str(tmp_path / "garbage.pem")
+    with pytest.raises(StartError, match=r"http.tls.cert_file / key_file: not a matching PEM"):
+        Collector(cfg).start()
 
 
 # -- exporters: TLS (mutual) + bearer token, to our own receiver ------------------------------------------------------
@@ -511,3 +524,58 @@ def test_secrets_never_appear_in_config_errors(value, monkeypatch, tmp_path):
                          capture_output=True, text=True, timeout=30, env={**os.environ, "SECRET_VALUE": value})
     assert out.returncode != 0 and "bearer_token" in out.stderr, out.stderr
     assert needle not in out.stderr + out.stdout
+
+
+# -- Helm chart: least privilege everywhere, memory limit, a protected aggregator link ---------------------------------
+def test_helm_chart_security_settings(monkeypatch):
+    pytest.importorskip("helm_python")
+    monkeypatch.setenv("NODE_NAME", "n1")
+    import kubernetes_validate
+    import yaml
+    from test_helm import NAMESPACE, RELEASE, one, render
+
+    values = {"aggregator": {"enabled": True, "security": {"tlsSecret": "agg-tls", "mutualTls": True,
+                                                           "tokenSecret": "agg-token"}}}
+    manifests, _ = render(values)
+    for m in manifests:
+        doc = {k: v for k, v in m.items() if k != "__template__"}
+        kubernetes_validate.validate(doc, "1.30", strict=True)
+    agg_name, agent_name = f"{RELEASE}-otel-gpu-aggregator", f"{RELEASE}-otel-gpu-agent"
+    agg_cfg = yaml.safe_load(one(manifests, "ConfigMap", agg_name)["data"]["config.yaml"])
+    agent_cfg = yaml.safe_load(one(manifests, "ConfigMap", agent_name)["data"]["config.yaml"])
+    for proto in ("grpc", "http"):
+        server = agg_cfg["receivers"]["otlp"][proto]
+        assert server["tls"] == {"cert_file": "/var/run/secrets/otel-gpu/tls/tls.crt",
+                                 "key_file": "/var/run/secrets/otel-gpu/tls/tls.key",
+                                 "client_ca_file": "/var/run/secrets/otel-gpu/tls/ca.crt"}
+        assert server["auth"] == {"bearer_token_file": "/var/run/secrets/otel-gpu/token/token"}
+    link = agent_cfg["exporters"]["otlp/aggregator"]
+    assert link["endpoint"] == f"https://{agg_name}.{NAMESPACE}.svc:4317"
+    assert link["tls"]["ca_file"].endswith("ca.crt") and link["tls"]["cert_file"].endswith("tls.crt")
+    assert link["auth"] == {"bearer_token_file": "/var/run/secrets/otel-gpu/token/token"}
+    for cfg in (agg_cfg, agent_cfg):
+        assert cfg["processors"]["memory_limiter"]["limit_percentage"] == 80
+        assert all(p["processors"] == ["memory_limiter"] for p in cfg["service"]["pipelines"].values())
+        load_text(yaml.safe_dump(cfg))  # our validator takes it (secret files are read at start, not here)
+    for kind, name in (("Deployment", agg_name), ("DaemonSet", agent_name)):
+        pod = one(manifests, kind, name)["spec"]["template"]["spec"]
+        assert pod["automountServiceAccountToken"] is False
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        container = pod["containers"][0]
+        sc = container["securityContext"]
+        assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
+        assert sc["capabilities"]["drop"] == ["ALL"]
+        mounts = {m["name"]: m for m in container["volumeMounts"]}
+        assert mounts["aggregator-tls"]["readOnly"] and mounts["aggregator-token"]["readOnly"]
+        vols = {v["name"]: v for v in pod["volumes"]}
+        assert vols["aggregator-tls"]["secret"]["secretName"] == "agg-tls"
+        assert vols["aggregator-token"]["secret"]["secretName"] == "agg-token"
+    # Off by default: no secret volumes, plaintext in-cluster link, memory limiter still on.
+    manifests, _ = render({"aggregator": {"enabled": True}})
+    pod = one(manifests, "Deployment", agg_name)["spec"]["template"]["spec"]
+    assert not {"aggregator-tls", "aggregator-token"} & {v["name"] for v in pod["volumes"]}
+    agg_cfg = yaml.safe_load(one(manifests, "ConfigMap", agg_name)["data"]["config.yaml"])
+    assert "tls" not in agg_cfg["receivers"]["otlp"]["grpc"] and "memory_limiter" in agg_cfg["processors"]
+    manifests, _ = render({"memoryLimiter": {"enabled": False}})
+    agent_cfg = yaml.safe_load(one(manifests, "ConfigMap", agent_name)["data"]["config.yaml"])
+    assert not agent_cfg.get("processors")

@@ -98,7 +98,7 @@ class OtlpReceiver(Receiver):
                 host, port = split_endpoint(cfg.grpc.endpoint, "grpc.endpoint")
                 self._grpc = GrpcServer(
                     host, port, int(cfg.grpc.max_recv_msg_size_mib * _MIB), cfg.grpc.max_workers, signals, self.accept,
-                    credentials=grpc_server_credentials(cfg.grpc.tls) if cfg.grpc.tls else None,
+                    credentials=grpc_server_credentials(cfg.grpc.tls, "grpc.tls") if cfg.grpc.tls else None,
                     authorize=BearerChecker(cfg.grpc.auth, "grpc.auth.bearer_token").check if cfg.grpc.auth else None,
                     admit=self.admit)
                 self._grpc.start()
@@ -111,7 +111,7 @@ class OtlpReceiver(Receiver):
                 host, port = split_endpoint(cfg.http.endpoint, "http.endpoint")
                 self._http = HttpServer(
                     host, port, int(cfg.http.max_request_body_size_mib * _MIB), cfg.http.read_timeout_s, signals, self,
-                    ssl_context=server_ssl_context(cfg.http.tls) if cfg.http.tls else None,
+                    ssl_context=server_ssl_context(cfg.http.tls, "http.tls") if cfg.http.tls else None,
                     authorize=BearerChecker(cfg.http.auth, "http.auth.bearer_token").check if cfg.http.auth else None)
                 self._http.start()
                 self.http_port = self._http.port

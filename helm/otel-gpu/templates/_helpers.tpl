@@ -65,6 +65,48 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- printf "%s.%s.svc:%d" (include "otel-gpu.aggregatorName" .) .Release.Namespace (int .Values.aggregator.ports.otlpGrpc) -}}
 {{- end -}}
 
+{{/* The aggregator link's security (aggregator.security): receiver settings for the aggregator's OTLP servers. */}}
+{{- define "otel-gpu.aggregatorServerSecurity" -}}
+{{- $sec := .Values.aggregator.security -}}
+{{- $out := dict -}}
+{{- if $sec.tlsSecret -}}
+{{- $tls := dict "cert_file" "/var/run/secrets/otel-gpu/tls/tls.crt" "key_file" "/var/run/secrets/otel-gpu/tls/tls.key" -}}
+{{- if $sec.mutualTls -}}{{- $_ := set $tls "client_ca_file" "/var/run/secrets/otel-gpu/tls/ca.crt" -}}{{- end -}}
+{{- $_ := set $out "tls" $tls -}}
+{{- end -}}
+{{- if $sec.tokenSecret -}}
+{{- $_ := set $out "auth" (dict "bearer_token_file" "/var/run/secrets/otel-gpu/token/token") -}}
+{{- end -}}
+{{- toYaml $out -}}
+{{- end -}}
+
+{{/* The agents' otlp/aggregator exporter, matching aggregator.security. */}}
+{{- define "otel-gpu.aggregatorExporter" -}}
+{{- $sec := .Values.aggregator.security -}}
+{{- $out := dict "endpoint" (include "otel-gpu.aggregatorEndpoint" .) -}}
+{{- if $sec.tlsSecret -}}
+{{- $_ := set $out "endpoint" (printf "https://%s" (include "otel-gpu.aggregatorEndpoint" .)) -}}
+{{- $tls := dict "ca_file" "/var/run/secrets/otel-gpu/tls/ca.crt" -}}
+{{- if $sec.mutualTls -}}
+{{- $_ := set $tls "cert_file" "/var/run/secrets/otel-gpu/tls/tls.crt" -}}
+{{- $_ := set $tls "key_file" "/var/run/secrets/otel-gpu/tls/tls.key" -}}
+{{- end -}}
+{{- $_ := set $out "tls" $tls -}}
+{{- end -}}
+{{- if $sec.tokenSecret -}}
+{{- $_ := set $out "auth" (dict "bearer_token_file" "/var/run/secrets/otel-gpu/token/token") -}}
+{{- end -}}
+{{- toYaml $out -}}
+{{- end -}}
+
+{{/* memory_limiter settings (memoryLimiter values); empty when off. */}}
+{{- define "otel-gpu.memoryLimiter" -}}
+{{- $m := .Values.memoryLimiter -}}
+{{- if $m.enabled -}}
+{{- toYaml (dict "memory_limiter" (dict "check_interval_s" 1 "limit_percentage" (int $m.limitPercentage) "spike_limit_percentage" (int $m.spikeLimitPercentage))) -}}
+{{- end -}}
+{{- end -}}
+
 {{/* Exporter settings for the OTLP backend (empty dict when none). */}}
 {{- define "otel-gpu.backendExporter" -}}
 {{- $b := .Values.backend.otlp -}}
@@ -113,20 +155,23 @@ spans are on the spans the backend stores (and nothing is sent twice). */ -}}
 {{- $traceOut = append $traceOut "otlp/backend" -}}
 {{- end -}}
 {{- if .Values.aggregator.enabled -}}
-{{- $_ := set $exporters "otlp/aggregator" (dict "endpoint" (include "otel-gpu.aggregatorEndpoint" .)) -}}
+{{- $_ := set $exporters "otlp/aggregator" (include "otel-gpu.aggregatorExporter" . | fromYaml) -}}
 {{- $traceOut = append $traceOut "otlp/aggregator" -}}
 {{- $metricsOut = append $metricsOut "otlp/aggregator" -}}
 {{- $logsOut = append $logsOut "otlp/aggregator" -}}
 {{- end -}}
 {{- $pipelines := dict "traces" (dict "receivers" (list "otlp") "exporters" $traceOut) "metrics" (dict "receivers" $metricsIn "exporters" $metricsOut) "logs" (dict "receivers" $logsIn "exporters" $logsOut) -}}
-{{- $config := dict "receivers" $receivers "exporters" $exporters "service" (dict "pipelines" $pipelines) -}}
+{{- $processors := include "otel-gpu.memoryLimiter" . | fromYaml | default dict -}}
+{{- range $name, $p := $pipelines -}}{{- if $processors -}}{{- $_ := set $p "processors" (list "memory_limiter") -}}{{- end -}}{{- end -}}
+{{- $config := dict "receivers" $receivers "processors" $processors "exporters" $exporters "service" (dict "pipelines" $pipelines) -}}
 {{- toYaml (mustMergeOverwrite $config (deepCopy ($a.config | default dict))) -}}
 {{- end -}}
 
 {{/* The aggregator's collector config, overlaid with .Values.aggregator.config. */}}
 {{- define "otel-gpu.aggregatorConfig" -}}
 {{- $g := .Values.aggregator -}}
-{{- $receivers := dict "otlp" (dict "grpc" (dict "endpoint" (printf "0.0.0.0:%d" (int $g.ports.otlpGrpc))) "http" (dict "endpoint" (printf "0.0.0.0:%d" (int $g.ports.otlpHttp)))) -}}
+{{- $sec := include "otel-gpu.aggregatorServerSecurity" . | fromYaml | default dict -}}
+{{- $receivers := dict "otlp" (dict "grpc" (mustMergeOverwrite (dict "endpoint" (printf "0.0.0.0:%d" (int $g.ports.otlpGrpc))) (deepCopy $sec)) "http" (mustMergeOverwrite (dict "endpoint" (printf "0.0.0.0:%d" (int $g.ports.otlpHttp))) (deepCopy $sec))) -}}
 {{- $exporters := dict "prometheus" (dict "endpoint" (printf "0.0.0.0:%d" (int $g.ports.metrics))) "store" (dict "path" "/var/lib/otel-gpu") -}}
 {{- $traceOut := list "store" -}}
 {{- if .Values.backend.otlp.endpoint -}}
@@ -134,7 +179,9 @@ spans are on the spans the backend stores (and nothing is sent twice). */ -}}
 {{- $traceOut = append $traceOut "otlp/backend" -}}
 {{- end -}}
 {{- $pipelines := dict "traces" (dict "receivers" (list "otlp") "exporters" $traceOut) "metrics" (dict "receivers" (list "otlp") "exporters" (list "prometheus" "store")) "logs" (dict "receivers" (list "otlp") "exporters" (list "store")) -}}
-{{- $config := dict "receivers" $receivers "exporters" $exporters "service" (dict "pipelines" $pipelines) -}}
+{{- $processors := include "otel-gpu.memoryLimiter" . | fromYaml | default dict -}}
+{{- range $name, $p := $pipelines -}}{{- if $processors -}}{{- $_ := set $p "processors" (list "memory_limiter") -}}{{- end -}}{{- end -}}
+{{- $config := dict "receivers" $receivers "processors" $processors "exporters" $exporters "service" (dict "pipelines" $pipelines) -}}
 {{- toYaml (mustMergeOverwrite $config (deepCopy ($g.config | default dict))) -}}
 {{- end -}}
 

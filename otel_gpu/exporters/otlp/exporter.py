@@ -112,8 +112,9 @@ class OtlpExporter(QueuedExporter):
                                  "(the server's CA) instead")
             if cfg.tls.server_name_override:
                 options.append(("grpc.ssl_target_name_override", cfg.tls.server_name_override))
-            credentials = grpc.ssl_channel_credentials(read_optional(cfg.tls.ca_file), read_optional(cfg.tls.key_file),
-                                                       read_optional(cfg.tls.cert_file))
+            credentials = grpc.ssl_channel_credentials(read_optional(cfg.tls.ca_file, "tls.ca_file"),
+                                                       read_optional(cfg.tls.key_file, "tls.key_file"),
+                                                       read_optional(cfg.tls.cert_file, "tls.cert_file"))
             self._channel = grpc.secure_channel(cfg.target, credentials, options, compression=compression)
         else:
             self._channel = grpc.insecure_channel(cfg.target, options, compression=compression)
