@@ -68,7 +68,7 @@ def _attrs(kvs) -> dict[str, Any]:
 def _int(v: Any) -> int | None:
     try:
         return int(v) if v is not None and v != "" else None
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: int(inf) from a double attribute
         return None
 
 
@@ -170,7 +170,12 @@ class AttributionProcessor(Processor):
                         self._xid(record, res)
                     elif name in _TRAINING_EVENTS:
                         res = res if res is not None else _attrs(rl.resource.attributes)
-                        self._training_event(name, record, res, now)
+                        try:
+                            self._training_event(name, record, res, now)
+                        # Hostile input (fuzzing): a body of the wrong shape or types skips that record only.
+                        except (TypeError, ValueError, AttributeError, OverflowError, RecursionError) as exc:
+                            self.host.log_once(("malformed", name), logging.WARNING, "attribution: a malformed %s "
+                                               "event was skipped (%s; logged once)", name, exc)
 
     def _training_event(self, name: str, record, res: dict[str, Any], now: float) -> None:
         attrs = _attrs(record.attributes)

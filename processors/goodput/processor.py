@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import threading
 import time
 from typing import Any
@@ -44,6 +45,22 @@ def _attr(span, key: str, default: Any = None) -> Any:
             which = kv.value.WhichOneof("value")
             return getattr(kv.value, which) if which else default
     return default
+
+
+def _seconds(value: Any, default: float) -> float:
+    """A finite number of seconds from an attribute or body value; ``default`` for anything else (hostile input)."""
+    try:
+        out = float(value or default)
+    except (TypeError, ValueError):
+        return default
+    return out if math.isfinite(out) else default
+
+
+def _step(value: Any) -> int | None:
+    try:
+        return None if value is None else int(value)
+    except (TypeError, ValueError, OverflowError):  # hostile input: a list, "x", inf
+        return None
 
 
 class GoodputProcessor(Processor):
@@ -112,10 +129,10 @@ class GoodputProcessor(Processor):
                         ledger = self._ledger(job, start, restarts)
                     ledger.touch(end, restarts)
                     if span.name == step_name:
-                        step = _attr(span, str(T.STEP))
+                        step = _step(_attr(span, str(T.STEP)))
                         if step is not None:
-                            ledger.step(int(step), start, end, float(_attr(span, str(T.STEP_DATA_S), 0.0) or 0.0),
-                                        float(_attr(span, str(T.STEP_CHECKPOINT_S), 0.0) or 0.0),
+                            ledger.step(step, start, end, _seconds(_attr(span, str(T.STEP_DATA_S)), 0.0),
+                                        _seconds(_attr(span, str(T.STEP_CHECKPOINT_S)), 0.0),
                                         self.config.slowdown_ratio)
                     elif span.name in _CKPT:
                         # A save inside a step span is already in that step's checkpoint_time.
@@ -130,13 +147,16 @@ class GoodputProcessor(Processor):
                     if record.event_name == F.FAILURE_EVENT.name:
                         try:
                             body = json.loads(record.body.string_value)
-                        except ValueError:
+                        except (ValueError, RecursionError):
+                            continue
+                        if not isinstance(body, dict):  # hostile input: "null", a list, a number
                             continue
                         fjob = body.get("job_id") or job
                         if fjob:
+                            fjob = str(fjob)
                             ledger = self._ledger(fjob, t, restarts if fjob == job else 0)
-                            ledger.failure(str(body.get("kind")), float(body.get("onset_time") or t),
-                                           float(body.get("detected_time") or t))
+                            ledger.failure(str(body.get("kind")), _seconds(body.get("onset_time"), t),
+                                           _seconds(body.get("detected_time"), t))
                     elif job is not None and record.event_name:
                         self._ledger(job, t, restarts)
 

@@ -59,7 +59,7 @@ def _body(record: Any) -> dict[str, Any] | None:
     if kind == "string_value":
         try:
             out = json.loads(record.body.string_value)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested thousands deep
             return None
         return out if isinstance(out, dict) else None
     if kind == "kvlist_value":
@@ -69,9 +69,15 @@ def _body(record: Any) -> dict[str, Any] | None:
 
 def _int(value: Any) -> int | None:
     try:
-        return None if value is None else int(value)
-    except (TypeError, ValueError):
+        out = None if value is None else int(value)
+    except (TypeError, ValueError, OverflowError):  # OverflowError: int(inf)
         return None
+    return out if out is None or -(1 << 63) <= out < 1 << 63 else None  # SQLite integers are 64-bit
+
+
+def _text(value: Any) -> str | None:
+    """A column value from a body field of any JSON type: a list or object would fail the whole transaction."""
+    return value if value is None or isinstance(value, str) else json.dumps(value, sort_keys=True)
 
 
 def _num(value: Any) -> float | None:
@@ -434,7 +440,8 @@ class StoreExporter(Exporter):
         conn.execute(
             "INSERT INTO failures (kind, root_cause, job_id, signature, detected_time, received_time, record) "
             "VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (body.get("kind"), body.get("root_cause"), None if body.get("job_id") is None else str(body["job_id"]),
+            (_text(body.get("kind")), _text(body.get("root_cause")),
+             None if body.get("job_id") is None else str(body["job_id"]),
              signature or None, _num(body.get("detected_time")), received, json.dumps(body, sort_keys=True)))
 
     @staticmethod
