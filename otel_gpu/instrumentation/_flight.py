@@ -38,6 +38,16 @@ def enable_env(size: int) -> bool:
     return True
 
 
+def buffer_size() -> int:
+    """Entries torch keeps (the env var in force), 0 when unknown or off."""
+    for var in ENV_VARS:
+        try:
+            return int(os.environ[var])
+        except (KeyError, ValueError):
+            continue
+    return 0
+
+
 def entry_op(entry: dict) -> str:
     name = entry.get("profiling_name") or ""
     return name.split(":", 1)[1] if ":" in name else name

@@ -105,6 +105,8 @@ class Runtime:
         self.fr_enabled = False
         self.fr_inbox: list[dict] = []  # entries read by either thread, for the export thread
         self._fr_lock = threading.Lock()
+        self._fr_last_poll = 0.0
+        self._fr_min_interval_s = cfg.export_interval_s
         self.fr_hold: list[dict] = []
         self.cpp_count: dict[str, int] = {}  # pg name -> collectives seen only in the flight recorder
         self._py_windows: dict[str, collections.deque] = {}  # pg name -> (t0, t1) of recent Python collectives
@@ -155,6 +157,7 @@ class Runtime:
         """Sets TORCH_FR_BUFFER_SIZE for process groups created from now on (idempotent)."""
         if self.cfg.flight_recorder and not self.fr_enabled:
             self.fr_enabled = _flight.enable_env(self.cfg.flight_recorder_size)
+            self._fr_min_interval_s = max(self.cfg.export_interval_s, _flight.buffer_size() / 256)
 
     def shutdown(self, timeout_s: float | None = None, reason: str = "shutdown") -> None:
         """Flushes (bounded) and stops the threads. Safe to call twice."""
@@ -307,11 +310,18 @@ class Runtime:
                 return True
         return False
 
-    def poll_flight_recorder(self, force: bool = False) -> None:
+    def poll_flight_recorder(self, force: bool = False, stalled: bool = False) -> None:
+        """Reads new recorder entries when torch counted ops the wrappers did not issue. A read holds the GIL for
+        ~15 us per buffered entry, so routine reads are spaced by the buffer size (1 s per 256 entries, at least
+        export_interval_s); a stalled process (``stalled``) or the final flush (``force``) reads at once."""
         if not self.fr_enabled or self.fr.available is False:
+            return
+        now = time.monotonic()
+        if not force and not stalled and now - self._fr_last_poll < self._fr_min_interval_s:
             return
         if not force and not self._cpp_ops_pending():
             return
+        self._fr_last_poll = now
         entries = self.fr.poll()
         if entries:
             with self._fr_lock:
@@ -576,7 +586,7 @@ class Runtime:
             self._last_progress_ns = t or now
         stalled_s = (now - self._last_progress_ns) / 1e9
         if stalled_s >= self.cfg.heartbeat_s and self.fr_enabled:
-            self.poll_flight_recorder()  # a C++ collective may be what we are stuck in
+            self.poll_flight_recorder(stalled=True)  # a C++ collective may be what we are stuck in
         last_started: dict[str, int] = dict(self.fr.last_started)
         for g, s in list(NS["_seq"].items()):
             name, _ = self._pg(g)
