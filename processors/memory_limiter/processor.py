@@ -98,13 +98,26 @@ class MemoryLimiterProcessor(Processor):
         self.refusals = 0  # requests refused since start (receivers count them in self-telemetry)
         self.gc_runs = 0
         self._last_gc = float("-inf")
+        self._last_check = float("-inf")
+        self._check_lock = threading.Lock()
+        self._running = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._trim = _malloc_trim()
         host.services.setdefault("admission", []).append(self.refusal)
 
     def refusal(self) -> float | None:
-        """None when new data may be accepted; else the seconds a client should wait before retrying."""
+        """None when new data may be accepted; else the seconds a client should wait before retrying.
+
+        When the timer thread's last measurement is older than ``check_interval_s`` (it can be starved of the GIL
+        by the very request threads that fill memory), the asking thread measures itself: one read of
+        /proc/self/statm, by one thread at a time."""
+        if self._running and time.monotonic() - self._last_check > self.config.check_interval_s \
+                and self._check_lock.acquire(blocking=False):
+            try:
+                self.check()
+            finally:
+                self._check_lock.release()
         if self.limited:
             self.refusals += 1
             return self.config.retry_after_s
@@ -112,6 +125,7 @@ class MemoryLimiterProcessor(Processor):
 
     def check(self) -> None:
         """One measurement: sets ``limited``; above the hard limit, collects garbage and measures again."""
+        self._last_check = time.monotonic()
         usage = rss_bytes()
         if usage is None:
             return
@@ -145,7 +159,8 @@ class MemoryLimiterProcessor(Processor):
     def _run(self) -> None:
         while not self._stop.wait(self.config.check_interval_s):
             try:
-                self.check()
+                with self._check_lock:
+                    self.check()
             except Exception:  # noqa: BLE001 - a failed measurement must not stop the checks
                 self.host.log_once("check", logging.ERROR, "%s: memory check failed (logged once)",
                                    self.host.component_id, exc_info=True)
@@ -162,6 +177,7 @@ class MemoryLimiterProcessor(Processor):
         self.check()
         _logger.info("%s: soft limit %.0f MiB, hard limit %.0f MiB, now %.0f MiB", self.host.component_id,
                      self.soft_limit / _MIB, self.hard_limit / _MIB, self.usage / _MIB)
+        self._running = True
         self._thread = threading.Thread(target=self._run, name=f"{self.host.component_id}-check", daemon=True)
         self._thread.start()
 
@@ -170,6 +186,7 @@ class MemoryLimiterProcessor(Processor):
 
     def shutdown(self, timeout_s: float = 5.0) -> None:
         self._stop.set()
+        self._running = False
         if self._thread is not None:
             self._thread.join(timeout_s)
         self.limited = False
