@@ -87,7 +87,13 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
         raise ConfigError(f"{path}: expected true or false, got {value!r}")
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
+            try:
+                number = float(value)
+            except OverflowError:  # an integer of hundreds of digits
+                raise ConfigError(f"{path}: {value} is too large for a number") from None
+            if number != number:  # NaN passes every "> 0" check in validate() and breaks what uses it later
+                raise ConfigError(f"{path}: expected a number, got NaN")
+            return number
         raise ConfigError(f"{path}: expected a number, got {type(value).__name__} {value!r}")
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
