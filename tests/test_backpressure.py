@@ -291,3 +291,54 @@ service:
         assert float(line.rsplit(" ", 1)[1]) == 8.0, line
         assert "above the soft limit" in proc.stderr_text()
         assert proc.stop() == 0
+
+
+@pytest.mark.timeout(60)
+def test_opentelemetry_sdk_exporter_waits_the_hint_and_delivers():
+    """The OpenTelemetry SDK's own OTLP/gRPC span exporter reads our RetryInfo, waits, and succeeds once the collector
+    is under its limit again (interop: the retry hint is the one the OTLP spec defines)."""
+    import gc
+
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    gc.collect()
+    collector = build_collector((rss_bytes() or 0) // MIB + 48, 16)
+    collector.start()
+    hold: HoldExporter = collector.component("exporter", "hold")
+    limiter = collector.component("processor", "memory_limiter")
+    receiver = collector.component("receiver", "otlp")
+    memory = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    with provider.get_tracer("t").start_as_current_span("refused-then-delivered"):
+        pass
+    spans = memory.get_finished_spans()
+    exporter = OTLPSpanExporter(endpoint=f"127.0.0.1:{receiver.grpc_port}", insecure=True, timeout=20)
+    ballast = bytearray(64 * MIB)
+    for i in range(0, len(ballast), 4096):
+        ballast[i] = 1
+    try:
+        deadline = time.monotonic() + 10
+        while not limiter.limited and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert limiter.limited
+
+        def free_later() -> None:
+            nonlocal ballast
+            time.sleep(1.0)
+            ballast = None
+
+        threading.Thread(target=free_later, daemon=True).start()
+        t0 = time.monotonic()
+        result = exporter.export(spans)
+        took = time.monotonic() - t0
+        assert result is SpanExportResult.SUCCESS
+        assert len(hold.held) == 1 and took >= 1.9, took  # refused at least once, waited the 2 s hint
+        assert collector.telemetry.value("otel_gpu.collector.refused", "otlp", Signal.TRACES) >= 1
+    finally:
+        ballast = None
+        exporter.shutdown()
+        collector.shutdown()

@@ -50,6 +50,19 @@ def _cert(subject: str, key, issuer_name: x509.Name, issuer_key, *, ca: bool = F
                .public_key(key.public_key()).serial_number(x509.random_serial_number())
                .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
                .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+    # The extensions a real CA (cert-manager, openssl) puts in, which strict verifiers (urllib3 2.x) require.
+    builder = builder.add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+    builder = builder.add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(issuer_key.public_key()),
+                                    critical=False)
+    if ca:
+        builder = builder.add_extension(x509.KeyUsage(
+            digital_signature=True, content_commitment=False, key_encipherment=False, data_encipherment=False,
+            key_agreement=False, key_cert_sign=True, crl_sign=True, encipher_only=False, decipher_only=False),
+            critical=True)
+    else:
+        builder = builder.add_extension(x509.ExtendedKeyUsage(
+            [x509.oid.ExtendedKeyUsageOID.SERVER_AUTH if server else x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH]),
+            critical=False)
     if server:
         builder = builder.add_extension(x509.SubjectAlternativeName(
             [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
@@ -579,3 +592,45 @@ def test_helm_chart_security_settings(monkeypatch):
     manifests, _ = render({"memoryLimiter": {"enabled": False}})
     agent_cfg = yaml.safe_load(one(manifests, "ConfigMap", agent_name)["data"]["config.yaml"])
     assert not agent_cfg.get("processors")
+
+
+def test_opentelemetry_sdk_exporters_with_tls_and_token(pki, tmp_path, monkeypatch):
+    """Interop: the OpenTelemetry SDK's gRPC and HTTP span exporters reach a receiver that requires TLS and a token
+    when given the CA and `authorization: Bearer ...` (OTEL_EXPORTER_OTLP_CERTIFICATE / _HEADERS in env form), and
+    are refused without the token."""
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpanExporter
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpSpanExporter
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    # requests lets REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE override a session's own CA file (session.verify); this
+    # machine sets both, so the SDK's certificate_file would be ignored.
+    monkeypatch.delenv("REQUESTS_CA_BUNDLE", raising=False)
+    monkeypatch.delenv("CURL_CA_BUNDLE", raising=False)
+    memory = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    with provider.get_tracer("t").start_as_current_span("sdk-span"):
+        pass
+    spans = memory.get_finished_spans()
+    tls = {"cert_file": pki["server_cert"], "key_file": pki["server_key"]}
+    auth = {"bearer_token": "sdk-tok-EXAMPLE"}
+    receiver, keep = start_receiver({"grpc": {"endpoint": "127.0.0.1:0", "tls": tls, "auth": auth},
+                                     "http": {"endpoint": "127.0.0.1:0", "tls": tls, "auth": auth}})
+    creds = grpc.ssl_channel_credentials(Path(pki["ca"]).read_bytes())
+    results = {}
+    try:
+        for label, headers in (("token", {"authorization": "Bearer sdk-tok-EXAMPLE"}), ("none", {})):
+            g = GrpcSpanExporter(endpoint=f"localhost:{receiver.grpc_port}", credentials=creds, headers=headers,
+                                 timeout=3)
+            h = HttpSpanExporter(endpoint=f"https://localhost:{receiver.http_port}/v1/traces",
+                                 certificate_file=pki["ca"], headers=headers, timeout=3)
+            results[label] = (g.export(spans), h.export(spans))
+            g.shutdown()
+            h.shutdown()
+    finally:
+        receiver.shutdown()
+    assert results["token"] == (SpanExportResult.SUCCESS, SpanExportResult.SUCCESS), results
+    assert results["none"] == (SpanExportResult.FAILURE, SpanExportResult.FAILURE), results
+    assert len(keep.batches) == 2

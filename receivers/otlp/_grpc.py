@@ -32,13 +32,17 @@ Admit = Callable[[Signal], "float | None"]  # None: accept; else refuse, retry a
 
 
 def retry_info_trailer(message: str, delay_s: float) -> tuple[tuple[str, bytes], ...]:
-    """``grpc-status-details-bin``: a google.rpc.Status (RESOURCE_EXHAUSTED) carrying a RetryInfo delay."""
+    """Trailers carrying a RetryInfo delay: ``grpc-status-details-bin`` (a google.rpc.Status, RESOURCE_EXHAUSTED, with
+    the RetryInfo in its details) and ``google.rpc.retryinfo-bin`` (the RetryInfo alone)."""
     info = error_details_pb2.RetryInfo(retry_delay=duration_pb2.Duration(
         seconds=int(delay_s), nanos=int((delay_s - int(delay_s)) * 1e9)))
     detail = any_pb2.Any()
     detail.Pack(info)
     status = status_pb2.Status(code=code_pb2.RESOURCE_EXHAUSTED, message=message, details=[detail])
-    return (("grpc-status-details-bin", status.SerializeToString()),)
+    # The standard rich-error trailer (the OpenTelemetry Collector's and Go/Java clients' way), and the bare RetryInfo
+    # under the name opentelemetry-python's exporter reads.
+    return (("grpc-status-details-bin", status.SerializeToString()),
+            ("google.rpc.retryinfo-bin", info.SerializeToString()))
 
 
 class GrpcServer:
