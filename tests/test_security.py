@@ -634,3 +634,80 @@ def test_opentelemetry_sdk_exporters_with_tls_and_token(pki, tmp_path, monkeypat
     assert results["token"] == (SpanExportResult.SUCCESS, SpanExportResult.SUCCESS), results
     assert results["none"] == (SpanExportResult.FAILURE, SpanExportResult.FAILURE), results
     assert len(keep.batches) == 2
+
+
+@pytest.mark.timeout(60)
+def test_helm_secured_aggregator_link_works_end_to_end(tmp_path, monkeypatch):
+    """The rendered aggregator's otlp receiver settings and the rendered agents' otlp/aggregator exporter settings,
+    with the Secret mount paths pointed at real files (one kubernetes.io/tls-shaped Secret: tls.crt with server and
+    client usages, tls.key, ca.crt; a token Secret), talk to each other over mutual TLS with the token."""
+    pytest.importorskip("helm_python")
+    import yaml
+    from test_helm import NAMESPACE, RELEASE, one, render
+
+    from otel_gpu.collector.runtime import Collector
+
+    monkeypatch.setenv("NODE_NAME", "n1")
+    manifests, _ = render({"aggregator": {"enabled": True, "security": {"tlsSecret": "t", "mutualTls": True,
+                                                                        "tokenSecret": "k"}}})
+    agg_cfg = yaml.safe_load(one(manifests, "ConfigMap", f"{RELEASE}-otel-gpu-aggregator")["data"]["config.yaml"])
+    agent_cfg = yaml.safe_load(one(manifests, "ConfigMap", f"{RELEASE}-otel-gpu-agent")["data"]["config.yaml"])
+    svc = f"{RELEASE}-otel-gpu-aggregator.{NAMESPACE}.svc"
+    # The Secrets, as Kubernetes would mount them.
+    secrets = tmp_path / "secrets"
+    (secrets / "tls").mkdir(parents=True)
+    (secrets / "token").mkdir()
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca = _cert("link-ca", ca_key, _name("link-ca"), ca_key, ca=True)
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.timezone.utc)
+    leaf = (x509.CertificateBuilder().subject_name(_name(svc)).issuer_name(ca.subject).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName(svc)]), critical=False)
+            .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH,
+                                                  x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    _write(secrets / "tls" / "ca.crt", ca)
+    _write(secrets / "tls" / "tls.crt", leaf)
+    _write(secrets / "tls" / "tls.key", key=key)
+    (secrets / "token" / "token").write_text("link-tok-EXAMPLE\n")
+
+    def remap(node):
+        if isinstance(node, str):
+            return node.replace("/var/run/secrets/otel-gpu", str(secrets))
+        if isinstance(node, dict):
+            return {k: remap(v) for k, v in node.items()}
+        return node
+
+    port = free_port()
+    receiver_settings = remap(agg_cfg["receivers"]["otlp"])
+    receiver_settings["grpc"]["endpoint"] = f"127.0.0.1:{port}"
+    receiver_settings["http"] = None
+    aggregator = Collector(load_text(yaml.safe_dump({
+        "receivers": {"otlp": receiver_settings}, "exporters": {"debug": {}},
+        "service": {"pipelines": {"traces": {"receivers": ["otlp"], "exporters": ["debug"]}}}})))
+    link = remap(agent_cfg["exporters"]["otlp/aggregator"])
+    assert link["endpoint"] == f"https://{svc}:4317"
+    link["endpoint"] = f"https://127.0.0.1:{port}"
+    link["tls"]["server_name_override"] = svc  # the Service name, as DNS would resolve it in the cluster
+    link["retry_on_failure"] = {"initial_interval_s": 0.2, "max_interval_s": 0.5, "max_elapsed_time_s": 5}
+    sender_cfg = load_text(yaml.safe_dump({
+        "receivers": {"otlp": {"grpc": {"endpoint": "127.0.0.1:0"}, "http": None}},
+        "exporters": {"otlp/aggregator": link},
+        "service": {"pipelines": {"traces": {"receivers": ["otlp"], "exporters": ["otlp/aggregator"]}}}}))
+    agent = Collector(sender_cfg)
+    aggregator.start()
+    agent.start()
+    try:
+        exporter = agent.component("exporter", "otlp/aggregator")
+        exporter.export(Batch.from_bytes(Signal.TRACES, trace_body("over-the-link")))
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and not aggregator.telemetry.value(
+                "otel_gpu.collector.received", "otlp", Signal.TRACES):
+            time.sleep(0.05)
+        assert aggregator.telemetry.value("otel_gpu.collector.received", "otlp", Signal.TRACES) == 1
+        assert agent.telemetry.value("otel_gpu.collector.exported", "otlp/aggregator", Signal.TRACES) == 1
+    finally:
+        agent.shutdown()
+        aggregator.shutdown()
