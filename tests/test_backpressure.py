@@ -342,3 +342,57 @@ def test_opentelemetry_sdk_exporter_waits_the_hint_and_delivers():
         ballast = None
         exporter.shutdown()
         collector.shutdown()
+
+
+def test_memory_limiter_settings():
+    from otel_gpu.collector.telemetry import PrometheusSelfTelemetry
+    from otel_gpu.component import ComponentHost
+    from otel_gpu.config import ConfigError
+    from otel_gpu.processors.memory_limiter import MemoryLimiterConfig, MemoryLimiterProcessor, available_memory_bytes
+
+    path = "processors.memory_limiter"
+    cfg = build(MemoryLimiterConfig, {"limit_percentage": 50}, path)
+    assert cfg.spike_limit_percentage == 10
+    host = ComponentHost("memory_limiter", PrometheusSelfTelemetry())
+    limiter = MemoryLimiterProcessor(cfg, host)
+    total = available_memory_bytes()
+    assert total and limiter.hard_limit == total * 50 // 100 and limiter.soft_limit == total * 40 // 100
+    assert host.services["admission"] == [limiter.refusal]
+    for bad, message in [
+        ({}, "processors.memory_limiter.limit_mib: set limit_mib"),
+        ({"limit_mib": 100, "limit_percentage": 50}, "not both"),
+        ({"limit_mib": 100, "spike_limit_mib": 100}, "spike_limit_mib must be >= 0 and < limit_mib"),
+        ({"limit_percentage": 101}, "limit_percentage must be within 1..100"),
+        ({"limit_mib": 100, "spike_limit_percentage": 10}, "goes with limit_percentage"),
+        ({"limit_mib": 100, "check_interval_s": 0}, "check_interval_s must be > 0"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            build(MemoryLimiterConfig, bad, path)
+
+
+def test_a_broken_admission_check_does_not_refuse_everything():
+    from otel_gpu.collector.telemetry import PrometheusSelfTelemetry
+    from otel_gpu.component import ComponentHost
+
+    def broken():
+        raise RuntimeError("boom")
+
+    factory = load_factory("receiver", "otlp")
+    cfg = build(factory.config_class, {"grpc": {"endpoint": "127.0.0.1:0"}, "http": None}, "receivers.otlp")
+    got = []
+
+    class Keep:
+        def consume(self, batch):
+            got.append(batch)
+
+    host = ComponentHost("otlp", PrometheusSelfTelemetry(), {s: Keep() for s in Signal},
+                         services={"admission": [broken, lambda: None]})
+    receiver = factory.create(cfg, host)
+    receiver.start()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{receiver.grpc_port}") as channel:
+            channel.unary_unary(TRACE_METHOD, request_serializer=None, response_deserializer=None)(
+                trace_request(10), timeout=5)
+        assert len(got) == 1
+    finally:
+        receiver.shutdown()
