@@ -28,7 +28,7 @@ def fuzz(examples: int):
     scale = float(os.environ.get("OTEL_GPU_FUZZ_SCALE", "1") or 1)
     return settings(max_examples=max(1, int(examples * scale)), deadline=None, database=None,
                     derandomize=os.environ.get("OTEL_GPU_FUZZ_RANDOM") != "1",
-                    suppress_health_check=list(HealthCheck))
+                    suppress_health_check=list(HealthCheck), print_blob=True)
 
 
 # -- YAML is only ever safe-loaded -------------------------------------------------------------------------------------
@@ -111,7 +111,7 @@ _section = st.dictionaries(st.sampled_from(["otlp", "debug", "nvml", "nic", "xid
                            _values, max_size=3)
 
 
-@fuzz(300)
+@fuzz(200)
 @given(doc=st.one_of(
     _values,
     st.fixed_dictionaries({}, optional={"receivers": _section | _values, "processors": _section | _values,

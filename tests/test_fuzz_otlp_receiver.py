@@ -46,7 +46,7 @@ def fuzz(examples: int):
     scale = float(os.environ.get("OTEL_GPU_FUZZ_SCALE", "1") or 1)
     return settings(max_examples=max(1, int(examples * scale)), deadline=None, database=None,
                     derandomize=os.environ.get("OTEL_GPU_FUZZ_RANDOM") != "1",
-                    suppress_health_check=list(HealthCheck))
+                    suppress_health_check=list(HealthCheck), print_blob=True)
 
 
 class _Errors(logging.Handler):
@@ -398,4 +398,83 @@ def test_json_with_wrong_types_gets_400_or_is_accepted(running, case):
 def test_wrong_content_types_and_encodings(running, signal, body, ctype, encoding):
     headers = {"Content-Encoding": encoding} if encoding else {}
     _check_http(running, signal, body, ctype, headers)
+    running.check_serving()
+
+
+# -- malformed HTTP framing --------------------------------------------------------------------------------------------
+
+_HTTP_ANSWERS = HTTP_OK | {404, 405, 408, 411, 414, 431, 501, 505}  # 501/505: unknown method / HTTP version (stdlib)
+
+
+@st.composite
+def raw_http_requests(draw) -> bytes:
+    method = draw(st.sampled_from(["POST", "POST", "POST", "GET", "PUT", "FOO", "post", ""]))
+    path = draw(st.sampled_from(["/v1/traces", "/v1/logs", "/v1/metrics", "/v1/metrics?x=1", "/", "//v1/logs",
+                                 "/v1/logs/../traces", "*", "/" + "a" * 70000]))
+    version = draw(st.sampled_from(["HTTP/1.1", "HTTP/1.1", "HTTP/1.0", "HTTP/2.0", "HTTP/x", ""]))
+    body = draw(st.sampled_from([b"", VALID[Signal.LOGS], b'{"resourceLogs": []}', b"garbage"]))
+    headers = [("Content-Type", draw(st.sampled_from(["application/x-protobuf", "application/json", "text/x"])))]
+    framing = draw(st.sampled_from(["length", "length", "chunked", "none", "both", "bad-length", "short", "long",
+                                    "bad-chunk", "neg-length", "huge-length", "two-lengths"]))
+    if framing == "length":
+        headers.append(("Content-Length", str(len(body))))
+        payload = body
+    elif framing == "chunked" or framing == "both":
+        headers.append(("Transfer-Encoding", "chunked"))
+        if framing == "both":
+            headers.append(("Content-Length", "3"))
+        payload = (f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n") if body else b"0\r\n\r\n"
+    elif framing == "bad-chunk":
+        headers.append(("Transfer-Encoding", "chunked"))
+        payload = draw(st.sampled_from([b"zz\r\nab\r\n0\r\n\r\n", b"ffffffffffffffff\r\n", b"5\r\nab", b"5;x\r\n"]))
+    elif framing == "none":
+        payload = body
+    elif framing == "bad-length":
+        headers.append(("Content-Length", draw(st.sampled_from(["abc", "1.5", "", " 1", "0x10", "1e3"]))))
+        payload = body
+    elif framing == "neg-length":
+        headers.append(("Content-Length", "-5"))
+        payload = body
+    elif framing == "huge-length":
+        headers.append(("Content-Length", str(draw(st.sampled_from([2**31, 2**63, 10**30])))))
+        payload = body
+    elif framing == "two-lengths":
+        headers += [("Content-Length", str(len(body))), ("Content-Length", "1")]
+        payload = body
+    elif framing == "short":  # fewer bytes than announced; the sender then closes its side
+        headers.append(("Content-Length", str(len(body) + 10)))
+        payload = body
+    else:  # more bytes than announced: the rest is read as the next request
+        headers.append(("Content-Length", str(max(0, len(body) - 3))))
+        payload = body
+    if draw(st.booleans()):
+        headers.append(("Content-Encoding", draw(st.sampled_from(["gzip", "deflate", "bogus", ""]))))
+    if draw(st.booleans()):
+        headers.append((draw(st.sampled_from(["X-\x01", "Bad Header", "A" * 70000, ""])), "v"))
+    head = f"{method} {path} {version}\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers) + "\r\n"
+    return head.encode("latin-1", errors="replace") + payload
+
+
+@fuzz(150)
+@given(request=raw_http_requests())
+def test_malformed_http_framing_gets_a_client_error(running, request):
+    import socket
+
+    with socket.create_connection(("127.0.0.1", running.http_port), timeout=10) as sock:
+        try:
+            sock.sendall(request)
+            sock.shutdown(socket.SHUT_WR)  # EOF: a server waiting for announced bytes sees the request end
+        except OSError:
+            pass
+        reply = b""
+        try:
+            while True:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                reply += chunk
+        except OSError:
+            pass
+    statuses = [int(m.group(1)) for m in __import__("re").finditer(rb"HTTP/1\.[01] (\d{3}) ", reply)]
+    assert all(s in _HTTP_ANSWERS for s in statuses), (statuses, request[:200])
     running.check_serving()

@@ -32,7 +32,7 @@ def fuzz(examples: int):
     scale = float(os.environ.get("OTEL_GPU_FUZZ_SCALE", "1") or 1)
     return settings(max_examples=max(1, int(examples * scale)), deadline=None, database=None,
                     derandomize=os.environ.get("OTEL_GPU_FUZZ_RANDOM") != "1",
-                    suppress_health_check=list(HealthCheck))
+                    suppress_health_check=list(HealthCheck), print_blob=True)
 
 
 class Keep:

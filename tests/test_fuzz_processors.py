@@ -41,7 +41,7 @@ def fuzz(examples: int):
     scale = float(os.environ.get("OTEL_GPU_FUZZ_SCALE", "1") or 1)
     return settings(max_examples=max(1, int(examples * scale)), deadline=None, database=None,
                     derandomize=os.environ.get("OTEL_GPU_FUZZ_RANDOM") != "1",
-                    suppress_health_check=list(HealthCheck))
+                    suppress_health_check=list(HealthCheck), print_blob=True)
 
 
 EVENTS = ["otel_gpu.progress", "otel_gpu.stacks", "otel_gpu.exception", "otel_gpu.process.exit", "otel_gpu.signal",
@@ -230,7 +230,7 @@ def goodput():
     proc.shutdown(1)
 
 
-@fuzz(300)
+@fuzz(200)
 @given(batch=batches)
 def test_attribution_never_raises_and_its_clock_keeps_running(attribution, errors, batch):
     out = attribution.process(batch)
@@ -241,7 +241,7 @@ def test_attribution_never_raises_and_its_clock_keeps_running(attribution, error
     assert not errors.records, errors.records[:3]
 
 
-@fuzz(300)
+@fuzz(150)
 @given(batch=batches)
 def test_goodput_never_raises_and_reports(goodput, errors, batch):
     assert goodput.process(batch) is batch
@@ -267,7 +267,7 @@ def test_store_exporter_takes_hostile_batches_and_still_writes_the_valid_ones(tm
     store.start()
     examples: list[Batch] = []
 
-    @fuzz(200)
+    @fuzz(150)
     @given(batch=batches)
     def collect(batch):
         examples.append(batch)
