@@ -250,8 +250,9 @@ def _non_loopback_address() -> str | None:
 def test_receiver_bearer_auth_grpc_and_http(tmp_path):
     token_file = tmp_path / "token"
     token_file.write_text("tok-EXAMPLE-1\n")
-    receiver, keep = start_receiver({"grpc": {"endpoint": "127.0.0.1:0", "auth": {"bearer_token_file": str(token_file)}},
-                                     "http": {"endpoint": "127.0.0.1:0", "auth": {"bearer_token_file": str(token_file)}}})
+    auth = {"bearer_token_file": str(token_file)}
+    receiver, keep = start_receiver({"grpc": {"endpoint": "127.0.0.1:0", "auth": auth},
+                                     "http": {"endpoint": "127.0.0.1:0", "auth": auth}})
     try:
         with grpc.insecure_channel(f"127.0.0.1:{receiver.grpc_port}") as ch:
             assert grpc_code(ch) is grpc.StatusCode.UNAUTHENTICATED

@@ -144,7 +144,8 @@ class _Handler(BaseHTTPRequestHandler):
         if owner.authorize is not None and not owner.authorize(self.headers.get("Authorization")):
             # The body is discarded unread. The presented token is never echoed or logged.
             return self._reply_error(401, kind, "missing or invalid bearer token (send Authorization: Bearer "
-                                     "<token>)", close=not self._discard_body(), extra={"WWW-Authenticate": 'Bearer realm="otel-gpu"'})
+                                     "<token>)", close=not self._discard_body(),
+                                     extra={"WWW-Authenticate": 'Bearer realm="otel-gpu"'})
         delay = owner.receiver.admit(signal)
         if delay is not None:  # refused before the body is read or parsed: nothing of it is held in memory
             return self._reply_error(429, kind, f"the collector is over its memory limit; retry after {delay:g}s",
