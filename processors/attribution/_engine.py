@@ -18,6 +18,7 @@ import logging
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 from otel_gpu.processors.attribution._observations import (ExceptionSeen, ExitSeen, GpuSample, Heartbeat, Identity, NicSample,
                                                   SpanSeen, Stacks, StepSeen, XidSeen)
@@ -47,6 +48,7 @@ _THROTTLE_CAUSES = (
 _NIC_ERROR_COUNTERS = ("symbol_error", "link_error_recovery", "port_rcv_errors", "local_link_integrity_errors",
                        "port_rcv_remote_physical_errors", "excessive_buffer_overrun_errors", "rx_errors",
                        "tx_errors", "rx_crc_errors")
+_NIC_READ_COUNTERS = frozenset(_NIC_ERROR_COUNTERS + ("link_downed",))
 _LIBRARY_MARKERS = ("/site-packages/", "/dist-packages/", "/lib/python3", "<frozen ", "/otel_gpu/instrumentation/")
 
 
@@ -77,7 +79,9 @@ class _Rank:
     stacks: Stacks | None = None
     exception: ExceptionSeen | None = None
     exit: ExitSeen | None = None
-    steps: deque = field(default_factory=lambda: deque(maxlen=64))  # StepSeen
+    # StepSeen. Only the newest is read (_close_steps); a short deque keeps per-rank memory small at aggregator
+    # scale (64 per rank held ~100 MB for a 4k-rank job; benchmarks/aggregator_scale.py).
+    steps: deque = field(default_factory=lambda: deque(maxlen=2))
     compute_baseline: deque = field(default_factory=lambda: deque(maxlen=32))  # healthy compute seconds
     data_baseline: deque = field(default_factory=lambda: deque(maxlen=32))
     checkpoints: deque = field(default_factory=lambda: deque(maxlen=16))  # durations
@@ -104,14 +108,25 @@ class _Job:
     last_step_closed: int = -1
 
 
-@dataclass
+@dataclass(slots=True)
 class _Series:
-    """Cumulative counter samples of one signal, bounded, for "is it rising" questions."""
+    """Cumulative counter samples of one signal, bounded, for "is it rising" questions.
 
-    points: deque = field(default_factory=lambda: deque(maxlen=256))
+    Only changes are kept: a sample equal to the previous one adds nothing to ``increase`` or
+    ``first_increase_time`` (both look at consecutive differences), so dropping it changes no answer, and a healthy
+    counter costs one point instead of 256. (Memory at aggregator scale: a node has ~150 counter series; a deque of
+    256 per series held ~0.6 KB each even when empty. See benchmarks/aggregator_scale.py.)
+    """
+
+    points: list = field(default_factory=list)
 
     def add(self, t: float, v: float) -> None:
-        self.points.append((t, v))
+        points = self.points
+        if points and points[-1][1] == v:
+            return
+        if len(points) >= 256:
+            del points[0]
+        points.append((t, v))
 
     def increase(self, since: float) -> float:
         """Increase since ``since``, counting resets (a drop) as a new baseline."""
@@ -297,14 +312,17 @@ class Engine:
                 port.down_since = None
             port.up = sample.up
         for name, value in sample.counters.items():
-            port.counters.setdefault(name, _Series()).add(sample.time, value)
+            if name in _NIC_READ_COUNTERS:  # only the counters _nic_fault reads are kept (memory at scale)
+                port.counters.setdefault(name, _Series()).add(sample.time, value)
 
     # -- hardware questions ----------------------------------------------------------------------------------------
-    def _rank_gpu(self, who: Identity) -> _Gpu | None:
-        """The GPU a rank uses: by pid (NVML process list), else CUDA device index, else local rank."""
+    def _rank_gpu(self, who: Identity, host_gpus: list[_Gpu] | None = None) -> _Gpu | None:
+        """The GPU a rank uses: by pid (NVML process list), else CUDA device index, else local rank. ``host_gpus``:
+        the GPUs of ``who.host`` when the caller has them at hand."""
         if who.host is None:
             return None
-        candidates = [g for (host, _), g in self.gpus.items() if host == who.host]
+        candidates = host_gpus if host_gpus is not None else [g for (host, _), g in self.gpus.items()
+                                                              if host == who.host]
         if who.pid is not None:
             for g in candidates:
                 if who.pid in g.pids:
@@ -348,11 +366,14 @@ class Engine:
                     {"reason": name}
         return None
 
-    def _nic_fault(self, host: str, since: float, *, errors_window_s: float = 30.0):
-        """Link down since ``since`` (any port of host), or error counters rising in the last window."""
-        for (h, name), port in self.ports.items():
-            if h != host:
-                continue
+    def _nic_fault(self, host: str, since: float, *, errors_window_s: float = 30.0,
+                   host_ports: list[_Port] | None = None):
+        """Link down since ``since`` (any port of host), or error counters rising in the last window. ``host_ports``:
+        the ports of ``host`` when the caller has them at hand."""
+        if host_ports is None:
+            host_ports = [p for (h, _), p in self.ports.items() if h == host]
+        for port in host_ports:
+            name = port.port
             if port.up is False and port.down_since is not None:
                 return (RootCause.NIC_LINK_DOWN, port.down_since, [evidence(f"nic.{name}.state", "down",
                                                                             port.down_since)], {"reason": "link_down"})
@@ -361,9 +382,8 @@ class Engine:
                 t = downed.first_increase_time(since) or since
                 return (RootCause.NIC_LINK_DOWN, t, [evidence(f"nic.{name}.link_downed", f"+{downed.increase(since):g}",
                                                               t)], {"reason": "link_downed"})
-        for (h, name), port in self.ports.items():
-            if h != host:
-                continue
+        for port in host_ports:
+            name = port.port
             for counter in _NIC_ERROR_COUNTERS:
                 series = port.counters.get(counter)
                 if series is None:
@@ -379,14 +399,27 @@ class Engine:
     def _hardware_for(self, ranks: list[_Rank], since: float, *, include_throttle: bool = False):
         """First hardware or network fault on the GPUs/nodes of ``ranks``: (rank, cause, onset, evidence, details)."""
         found = []
+        # Performance (aggregator scale, benchmarks/aggregator_scale.py): index GPUs and ports by host once and ask
+        # each host's NICs once, rather than scanning every GPU and port of the cluster for every rank, which made a
+        # hang tick of a 16k-rank job O(ranks x nodes).
+        gpus_by_host: dict[str, list[_Gpu]] = {}
+        for (host, _), g in self.gpus.items():
+            gpus_by_host.setdefault(host, []).append(g)
+        ports_by_host: dict[str, list[_Port]] = {}
+        for (host, _), p in self.ports.items():
+            ports_by_host.setdefault(host, []).append(p)
+        nic_by_host: dict[str, Any] = {}
         for rank in ranks:
-            gpu = self._rank_gpu(rank.who)
+            gpu = self._rank_gpu(rank.who, gpus_by_host.get(rank.who.host, []))
             if gpu is not None:
                 fault = self._gpu_fault(gpu, since) or (self._throttle(gpu) if include_throttle else None)
                 if fault:
                     found.append((fault[1], rank, fault, gpu))
             if rank.who.host:
-                fault = self._nic_fault(rank.who.host, since)
+                host = rank.who.host
+                if host not in nic_by_host:
+                    nic_by_host[host] = self._nic_fault(host, since, host_ports=ports_by_host.get(host, []))
+                fault = nic_by_host[host]
                 if fault:
                     found.append((fault[1], rank, fault, None))
         if not found:
@@ -746,6 +779,9 @@ class Engine:
                 job.slow_steps.clear()
             return
         job.slow_steps.append((step, per_rank))
+        # Bounded: only the last slowdown_confirm + 2 are read (_attribute_slowdown), and each holds one StepSeen per
+        # rank, so a long slowdown of a 16k-rank job would otherwise grow without limit.
+        del job.slow_steps[:-(s.slowdown_confirm + 2)]
         recent = list(job.slow_flags)[-(s.slowdown_confirm + 1):]
         if job.slowdown_active is None and sum(recent) >= s.slowdown_confirm and not job.terminal_reported:
             record = self._attribute_slowdown(job, base, now)

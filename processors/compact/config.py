@@ -39,6 +39,12 @@ class CompactConfig:
         events: log records kept, by event name.
         spans: spans kept, by name.
         metrics: metrics kept, by name.
+        metrics_refresh_s: a kept metric whose points are unchanged since it was last forwarded (timestamps aside) is
+            forwarded again only after this long. Healthy GPUs and links report the same counters, flags and states
+            every poll; the aggregator needs the changes (a counter rising, a throttle flag, a link going down) and a
+            periodic refresh. 0: forward every poll.
+        identity_only_metrics: metrics whose values do not matter to the aggregator, only which points exist (the
+            per-process GPU memory maps processes to GPUs): a new value alone is not a change.
     """
 
     job_id: str | None = None  # None or "": learn it (``${env:OTEL_GPU_JOB_ID:-}`` expands to null)
@@ -46,10 +52,14 @@ class CompactConfig:
     events: list[str] = field(default_factory=lambda: list(DEFAULT_EVENTS))
     spans: list[str] = field(default_factory=lambda: list(DEFAULT_SPANS))
     metrics: list[str] = field(default_factory=lambda: list(DEFAULT_METRICS))
+    metrics_refresh_s: float = 30.0
+    identity_only_metrics: list[str] = field(default_factory=lambda: [G.PROCESS_MEMORY.name])
 
     def validate(self) -> None:
         if not self.job_idle_s > 0:
             raise ValueError(f"job_idle_s must be > 0 (got {self.job_idle_s})")
+        if self.metrics_refresh_s < 0:
+            raise ValueError(f"metrics_refresh_s must be >= 0 (got {self.metrics_refresh_s})")
         for key in ("events", "spans", "metrics"):
             if any(not name for name in getattr(self, key)):
                 raise ValueError(f"{key} must not contain empty names")

@@ -17,6 +17,8 @@ import threading
 import time
 from typing import Any
 
+from opentelemetry.proto.metrics.v1 import metrics_pb2
+
 from otel_gpu.component import Processor
 from otel_gpu.pdata import Batch, Signal
 from otel_gpu.schema import identity as I
@@ -26,6 +28,7 @@ __all__ = ["CompactProcessor"]
 _logger = logging.getLogger(__name__)
 
 _JOB = str(I.JOB_ID)
+_MAX_SERIES = 20_000  # metric series remembered for change detection (a node has a few dozen)
 # signal -> (resource list, scope list, item list, the item's name field)
 _SHAPE = {
     Signal.TRACES: ("resource_spans", "scope_spans", "spans", "name"),
@@ -51,9 +54,12 @@ class CompactProcessor(Processor):
         self._lock = threading.Lock()
         self._jobs: dict[str, float] = {}  # job id -> when its training processes last sent something here
         self._clock = time.monotonic
-        #: items passed on, filtered out, and node items dropped because no job was known (per signal)
-        self.stats: dict[str, dict[str, int]] = {s.value: {"kept": 0, "filtered": 0, "unassigned": 0}
-                                                 for s in Signal}
+        self._identity_only = frozenset(config.identity_only_metrics)
+        self._sent: dict[tuple, tuple[int, float]] = {}  # (resource, scope, metric) -> (fingerprint, when forwarded)
+        #: per signal: items passed on, filtered out by name, metrics held back as unchanged, and node items dropped
+        #: because no job was known yet
+        self.stats: dict[str, dict[str, int]] = {
+            s.value: {"kept": 0, "filtered": 0, "unchanged": 0, "unassigned": 0} for s in Signal}
 
     def jobs(self) -> list[str]:
         """The jobs node signals are stamped with now: the configured one, else those seen within job_idle_s."""
@@ -81,17 +87,32 @@ class CompactProcessor(Processor):
         plan: list[tuple[Any, list[str] | None, list[tuple[Any, list[Any]]]]] = []
         changed = False
         node_jobs: list[str] | None = None
+        dedupe = signal is Signal.METRICS and self.config.metrics_refresh_s > 0
         for res in getattr(request, res_field):
             job = _job_of(res.resource.attributes)
             if job is not None:
                 self._learn(job, now)
             scopes = []
+            res_key = hash(res.resource.SerializeToString(deterministic=True)) if dedupe else 0
+            if dedupe and job is None:
+                if node_jobs is None:
+                    node_jobs = self.jobs()
+                # What cannot be forwarded (no job yet) must not count as forwarded for change detection.
+                res_dedupe = bool(node_jobs)
+            else:
+                res_dedupe = dedupe
             for scope in getattr(res, scope_field):
                 items = getattr(scope, item_field)
                 kept = [item for item in items if getattr(item, name_field) in keep]
                 if len(kept) != len(items):
                     changed = True
                     stats["filtered"] += len(items) - len(kept)
+                if res_dedupe and kept:
+                    fresh = [m for m in kept if self._metric_changed((res_key, scope.scope.name, m.name), m, now)]
+                    if len(fresh) != len(kept):
+                        changed = True
+                        stats["unchanged"] += len(kept) - len(fresh)
+                        kept = fresh
                 if kept:
                     scopes.append((scope, kept))
             if not scopes:
@@ -137,6 +158,29 @@ class CompactProcessor(Processor):
                         s.schema_url = scope.schema_url
                     getattr(s, item_field).extend(kept)
         return Batch.from_message(signal, out)
+
+    def _metric_changed(self, key: tuple, metric, now: float) -> bool:
+        """True when the metric's points differ from what was last forwarded, or the refresh time has come."""
+        fp = metrics_pb2.Metric()
+        fp.CopyFrom(metric)
+        kind = fp.WhichOneof("data")
+        if kind is not None:
+            identity_only = metric.name in self._identity_only and kind in ("gauge", "sum")
+            for p in getattr(fp, kind).data_points:
+                p.time_unix_nano = 0
+                p.start_time_unix_nano = 0
+                if identity_only:
+                    p.ClearField("as_double")
+                    p.ClearField("as_int")
+        fingerprint = hash(fp.SerializeToString(deterministic=True))
+        with self._lock:
+            last = self._sent.get(key)
+            if last is not None and last[0] == fingerprint and now - last[1] < self.config.metrics_refresh_s:
+                return False
+            if last is None and len(self._sent) >= _MAX_SERIES:
+                del self._sent[min(self._sent, key=lambda k: self._sent[k][1])]
+            self._sent[key] = (fingerprint, now)
+        return True
 
     @staticmethod
     def _jobs_in_items(signal: Signal, scopes) -> list[str]:

@@ -1,0 +1,359 @@
+"""Aggregator capacity: one job of N ranks through the aggregator pipeline, in-process, as fast as it goes.
+
+What the aggregator gets from the node sidecars (docs/examples/sidecar.yaml, after the ``compact`` processor) is
+simulated for ``--seconds`` simulated seconds:
+
+- per rank, every second: one trace request with its ``otel_gpu.step`` span and ``otel_gpu.data.wait`` span (the
+  collective spans stay on the sidecar -> backend path);
+- per rank, every 2 s (staggered): one ``otel_gpu.progress`` heartbeat with the instrumentation's body;
+- per node of 8 ranks, every ``--node-refresh-s`` seconds (staggered over the nodes): what the real ``nvml``
+  receiver (fake 8-GPU NVML) and ``nic`` receiver (fake sysfs, 8 InfiniBand ports + 1 Ethernet interface) poll,
+  passed through the real ``compact`` processor (XID, ECC, row-remap, NVLink, PCIe, clock-event, process and NIC
+  error/link metrics). The compact processor forwards a metric when its points change and otherwise every
+  ``metrics_refresh_s`` (30 s): on a healthy node that is the refresh. ``--node-refresh-s 1`` is the worst case, every
+  node's evidence changing every second. Their data points carry no timestamp, so that the aggregator times them
+  with its (simulated) clock.
+
+From ``--hang-at`` on, the job hangs: rank N//3 never reaches all_reduce seq k, the others wait in it; every rank's
+watchdog sends its stacks 10 s into the stall, as the instrumentation does. The run checks that the hang is named
+(kind, cause, culprit) and when.
+
+Each request is encoded just before it is fed as bytes to the OTLP receiver's consumer (the receiver parses it, as it
+does off the wire; gRPC itself is not in the measurement) -> ``attribution`` -> ``goodput`` -> ``store`` (SQLite). The
+attribution clock is simulated and ticks twice per simulated second (its default tick_interval_s is 0.5); goodput
+reports every 5 simulated seconds (its default).
+
+Printed per job size: aggregator CPU seconds per simulated second (process CPU, user + system, minus the CPU the
+generator spent encoding requests), peak RSS (VmHWM of the process, generator included, which is small: requests are
+encoded and fed one node at a time) and RSS growth from the idle collector. Floor (issue 7): 4,096 ranks on one core
+(CPU s per simulated s < 1.0) with RSS < 300 MB. Each size runs in its own process, so that VmHWM is its own.
+
+Example:
+    /work/venv/bin/python benchmarks/aggregator_scale.py                       # 1024, 4096, 16384 ranks, 60 s each
+    /work/venv/bin/python benchmarks/aggregator_scale.py --ranks 4096 --seconds 30 --json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+FLOOR_RANKS = 4096
+FLOOR_CPU_PER_S = 1.0
+FLOOR_RSS_MB = 300.0
+JOB = "bench-job"
+RANKS_PER_NODE = 8
+COLLECTIVES_PER_STEP = 8
+STACKS_AFTER_S = 10
+
+
+def _status_kb(key: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def _node_templates(tmp: Path):
+    """One node's compacted GPU and NIC metric requests, from the real receivers over fakes and the real compact
+    processor; data point timestamps cleared."""
+    import yaml
+
+    from otel_gpu.collector.telemetry import PrometheusSelfTelemetry
+    from otel_gpu.component import ComponentHost
+    from otel_gpu.config import build
+    from otel_gpu.pdata import Batch, Signal
+    from otel_gpu.processors.compact import CompactConfig, CompactProcessor
+    from otel_gpu.receivers.nic import FACTORY as NIC
+    from otel_gpu.receivers.nvml import FACTORY as NVML
+    from otel_gpu.testing.fake_sysfs import FakeSysfs
+
+    telemetry = PrometheusSelfTelemetry()
+    scenario = tmp / "nvml.yaml"
+    scenario.write_text(yaml.safe_dump({"gpu_count": 8, "gpus": {
+        i: {"processes": [{"pid": 1000 + i, "used_memory_mib": 60000}]} for i in range(8)}}))
+    sysfs = FakeSysfs(tmp / "sys", {"infiniband": {f"mlx5_{i}": {"ports": {1: {}}} for i in range(8)},
+                                     "net": {"eth0": {}}})
+    del sysfs
+    compact = CompactProcessor(build(CompactConfig, {"job_id": JOB}, "processors.compact"),
+                               ComponentHost("compact", telemetry))
+    out = []
+    for factory, settings in ((NVML, {"backend": "fake", "scenario": str(scenario), "nvlink_interval_s": 1.0,
+                                      "host_name": "node-00000"}),
+                              (NIC, {"sysfs_root": str(tmp / "sys"), "host_name": "node-00000"})):
+        receiver = factory.create(build(factory.config_class, settings, factory.type), ComponentHost(
+            factory.type, telemetry))
+        receiver.start()
+        try:
+            request = receiver.poll()
+            if factory is NIC:
+                time.sleep(0.05)
+                request = receiver.poll() or request  # rates need two reads
+        finally:
+            receiver.shutdown()
+        batch = compact.process(Batch.from_message(Signal.METRICS, request))
+        msg = batch.message
+        for rm in msg.resource_metrics:
+            for sm in rm.scope_metrics:
+                for m in sm.metrics:
+                    kind = m.WhichOneof("data")
+                    for p in getattr(m, kind).data_points:
+                        p.time_unix_nano = 0
+                        p.start_time_unix_nano = 0
+        host_idx = [i for i, kv in enumerate(msg.resource_metrics[0].resource.attributes) if kv.key == "host.name"][0]
+        out.append((msg, host_idx))
+    return out
+
+
+class _Generator:
+    """Encodes the requests of one rank or node from reusable templates (one message each, fields overwritten)."""
+
+    def __init__(self, n_ranks: int, t0: float, hang_at: float | None, node_templates):
+        from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+        from otel_gpu.otlp_build import attributes
+        from otel_gpu.schema import training as T
+
+        self.n, self.t0, self.hang_at = n_ranks, t0, hang_at
+        self.culprit = n_ranks // 3
+        self.T = T
+        res = {"service.name": "trainer", "training.job.id": JOB, "training.rank": 0, "training.local_rank": 0,
+               "training.world_size": n_ranks, "training.restart_count": 0, "host.name": "node-00000",
+               "process.pid": 1000, "gpu.index": 0}
+        self._res_keys = list(res)
+        self.trace = ExportTraceServiceRequest()
+        rs = self.trace.resource_spans.add()
+        rs.resource.attributes.extend(attributes(res))
+        ss = rs.scope_spans.add()
+        ss.scope.name = "otel_gpu.instrumentation"
+        self.step_span = ss.spans.add(name=T.STEP_SPAN.name, trace_id=b"\x01" * 16, span_id=b"\x02" * 8)
+        self.step_span.attributes.extend(attributes({str(T.STEP): 0, str(T.STEP_COLLECTIVE_S): 0.31,
+                                                     str(T.STEP_DATA_S): 0.02, str(T.STEP_CHECKPOINT_S): 0.0}))
+        self.data_span = ss.spans.add(name=T.DATA_SPAN.name, trace_id=b"\x01" * 16, span_id=b"\x03" * 8)
+        self.data_span.attributes.extend(attributes({str(T.STEP): 0}))
+        self.logs = ExportLogsServiceRequest()
+        rl = self.logs.resource_logs.add()
+        rl.resource.attributes.extend(attributes(res))
+        self.scope_logs = rl.scope_logs.add()
+        self.scope_logs.scope.name = "otel_gpu.instrumentation"
+        self.node_templates = node_templates
+
+    def _identity(self, resource, rank: int) -> None:
+        a = resource.attributes
+        a[2].value.int_value = rank
+        a[3].value.int_value = rank % RANKS_PER_NODE
+        a[6].value.string_value = f"node-{rank // RANKS_PER_NODE:05d}"
+        a[7].value.int_value = 1000 + rank
+        a[8].value.int_value = rank % RANKS_PER_NODE
+
+    def steps_done(self, sim_s: int) -> int:
+        return sim_s if self.hang_at is None else min(sim_s, int(self.hang_at))
+
+    def trace_bytes(self, rank: int, sim_s: int) -> bytes | None:
+        """The step that ended during second ``sim_s`` (none once the job hangs)."""
+        if self.hang_at is not None and sim_s > self.hang_at:
+            return None
+        self._identity(self.trace.resource_spans[0].resource, rank)
+        start = self.t0 + sim_s - 1
+        ns = lambda t: int(t * 1e9)  # noqa: E731
+        self.data_span.start_time_unix_nano, self.data_span.end_time_unix_nano = ns(start), ns(start + 0.02)
+        self.data_span.attributes[0].value.int_value = sim_s
+        self.step_span.start_time_unix_nano, self.step_span.end_time_unix_nano = ns(start), ns(start + 0.95)
+        self.step_span.attributes[0].value.int_value = sim_s
+        self.step_span.span_id = (rank * 100_000 + sim_s).to_bytes(8, "big")
+        return self.trace.SerializeToString()
+
+    def log_bytes(self, rank: int, sim_s: int) -> bytes | None:
+        """A heartbeat every 2 s (odd ranks on odd seconds); the stacks once 10 s into a stall."""
+        stalled = self.hang_at is not None and sim_s > self.hang_at
+        stacks = stalled and sim_s - STACKS_AFTER_S - (rank % 2) == int(self.hang_at) // 2 * 2
+        if (sim_s + rank) % 2 and not stacks:
+            return None
+        T = self.T
+        now = self.t0 + sim_s
+        step = self.steps_done(sim_s)
+        seq = step * COLLECTIVES_PER_STEP
+        del self.scope_logs.log_records[:]
+        rec = self.scope_logs.log_records.add(time_unix_nano=int(now * 1e9), observed_time_unix_nano=int(now * 1e9),
+                                              severity_number=9, event_name=T.PROGRESS_EVENT.name)
+        counters = {"steps": step, "collectives": seq, "fr_collectives": 0, "dropped": 0, "fr_lost": 0,
+                    "spans_sent": step * (COLLECTIVES_PER_STEP + 2), "spans_dropped": 0, "export_failures": 0}
+        if not stalled:
+            body = {"step": step, "state": "step", "inflight": None, "last_seq": {"0": seq},
+                    "last_started_seq": {"0": seq}, "counters": counters, "stalled_s": 0.2,
+                    "flight_recorder": False}
+        elif rank == self.culprit:
+            body = {"step": step, "state": "step", "inflight": None, "last_seq": {"0": seq},
+                    "last_started_seq": {"0": seq}, "counters": counters,
+                    "stalled_s": round(now - self.hang_at - self.t0, 3), "flight_recorder": False}
+        else:
+            body = {"step": step, "state": "collective", "last_seq": {"0": seq}, "last_started_seq": {"0": seq + 1},
+                    "inflight": {"kind": "collective", "op": "all_reduce", "pg": "0", "seq": seq + 1,
+                                 "since": self.t0 + self.hang_at},
+                    "counters": counters, "stalled_s": round(now - self.hang_at - self.t0, 3),
+                    "flight_recorder": False}
+        rec.body.string_value = json.dumps(body, separators=(",", ":"))
+        if stacks:
+            frames = [{"file": "/usr/lib/python3.12/threading.py", "line": 320, "function": "wait"}] * 3
+            frames = [{"file": "/home/user/train.py", "line": 210, "function": "main"},
+                      {"file": "/home/user/train.py", "line": 140 if rank == self.culprit else 171,
+                       "function": "evaluate" if rank == self.culprit else "train_step"}] + frames
+            srec = self.scope_logs.log_records.add(time_unix_nano=int(now * 1e9), severity_number=13,
+                                                   event_name=T.STACKS_EVENT.name)
+            srec.body.string_value = json.dumps({"threads": [
+                {"name": "MainThread", "id": 1, "main": True, "frames": frames},
+                {"name": "otel-gpu-watchdog", "id": 2, "main": False, "frames": frames[2:]}],
+                "top": "/home/user/train.py:171 train_step"}, separators=(",", ":"))
+        self._identity(self.logs.resource_logs[0].resource, rank)
+        return self.logs.SerializeToString()
+
+    def node_bytes(self, node: int) -> list[bytes]:
+        out = []
+        for msg, host_idx in self.node_templates:
+            msg.resource_metrics[0].resource.attributes[host_idx].value.string_value = f"node-{node:05d}"
+            out.append(msg.SerializeToString())
+        return out
+
+
+def run_one(n_ranks: int, seconds: int, hang_at: float | None, node_refresh_s: int = 30) -> dict:
+    import logging
+
+    import yaml
+
+    from otel_gpu.collector.config import load_text
+    from otel_gpu.collector.runtime import Collector
+    from otel_gpu.pdata import Batch, Signal
+
+    logging.disable(logging.WARNING)  # the failure record is logged at WARNING; we print it ourselves
+    tmp = Path(tempfile.mkdtemp(prefix="otel-gpu-aggscale-"))
+    pipe = {"receivers": ["otlp"], "processors": ["attribution", "goodput"], "exporters": ["store"]}
+    config = {"receivers": {"otlp": {"grpc": {"endpoint": "127.0.0.1:0"}, "http": None}},
+              "processors": {"attribution": {"tick_interval_s": 3600}, "goodput": {"report_interval_s": 3600}},
+              "exporters": {"store": {"path": str(tmp / "store")}},
+              "service": {"pipelines": {"traces": pipe, "metrics": pipe, "logs": pipe}}}
+    collector = Collector(load_text(yaml.safe_dump(config)))
+    collector.start()
+    attribution = collector.component("processor", "attribution")
+    goodput = collector.component("processor", "goodput")
+    receiver_host = collector.component("receiver", "otlp").host
+    consume = {s: receiver_host.consumer(s).consume for s in Signal}
+    node_templates = _node_templates(tmp)
+    t0 = float(int(time.time()))
+    sim = [t0]
+    attribution._clock = lambda: sim[0]  # the engine's clock is the simulation's
+    gen = _Generator(n_ranks, t0, hang_at, node_templates)
+    n_nodes = (n_ranks + RANKS_PER_NODE - 1) // RANKS_PER_NODE
+    rss_idle_kb = _status_kb("VmRSS")
+    counts = {"trace_requests": 0, "log_requests": 0, "metric_requests": 0}
+    records: list = []
+    detected_at = None
+    gen_cpu = 0.0
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    thread_time = time.thread_time
+    from_bytes = Batch.from_bytes
+    TR, LG, MT = Signal.TRACES, Signal.LOGS, Signal.METRICS
+    for s in range(1, seconds + 1):
+        for node in range(n_nodes):
+            g0 = thread_time()
+            reqs = []
+            for rank in range(node * RANKS_PER_NODE, min(n_ranks, (node + 1) * RANKS_PER_NODE)):
+                raw = gen.trace_bytes(rank, s)
+                if raw is not None:
+                    reqs.append((TR, raw))
+                raw = gen.log_bytes(rank, s)
+                if raw is not None:
+                    reqs.append((LG, raw))
+            if (s + node) % node_refresh_s == 0:
+                for raw in gen.node_bytes(node):
+                    reqs.append((MT, raw))
+            gen_cpu += thread_time() - g0
+            if node == n_nodes // 2:
+                sim[0] = t0 + s - 0.5
+                records += attribution.tick()
+            for signal, raw in reqs:
+                consume[signal](from_bytes(signal, raw))
+                counts[f"{'trace' if signal is TR else 'log' if signal is LG else 'metric'}_requests"] += 1
+        sim[0] = t0 + s
+        new = attribution.tick()
+        if new and detected_at is None:
+            detected_at = s
+        records += new
+        if s % 5 == 0:
+            goodput.report()
+    cpu = time.process_time() - cpu0 - gen_cpu
+    wall = time.perf_counter() - wall0
+    collector.shutdown()
+    hang = [r for r in records if r.kind.value == "hang"]
+    result = {
+        "ranks": n_ranks, "nodes": n_nodes, "simulated_s": seconds, "node_refresh_s": node_refresh_s, "wall_s": round(wall, 2),
+        "cpu_s": round(cpu, 2), "generator_cpu_s": round(gen_cpu, 2),
+        "cpu_per_simulated_s": round(cpu / seconds, 3),
+        "peak_rss_mb": round(_status_kb("VmHWM") / 1024, 1),
+        "ru_maxrss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "rss_idle_mb": round(rss_idle_kb / 1024, 1),
+        "requests_per_simulated_s": round(sum(counts.values()) / seconds),
+        **counts,
+        "records": [f"{r.kind.value}/{r.root_cause.value}/rank {r.culprit.rank}" for r in records],
+        "hang_detected_s_after_onset": None if detected_at is None or hang_at is None else detected_at - hang_at,
+        "hang_culprit_ok": bool(hang) and hang[0].culprit.rank == gen.culprit
+                           and hang[0].root_cause.value == "rank_not_in_collective",
+    }
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--ranks", type=int, nargs="*", default=[1024, 4096, 16384])
+    ap.add_argument("--seconds", type=int, default=60, help="simulated seconds per job size")
+    ap.add_argument("--hang-at", type=float, default=None,
+                    help="simulated second the job hangs (default: seconds - 25; negative: no hang)")
+    ap.add_argument("--node-refresh-s", type=int, default=30,
+                    help="seconds between a node's metric requests (compact's metrics_refresh_s; 1: worst case)")
+    ap.add_argument("--json", action="store_true", help="print one JSON object per size")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    hang_at = args.hang_at if args.hang_at is not None else max(5.0, args.seconds - 25.0)
+    if hang_at < 0:
+        hang_at = None
+    if args.child:
+        print(json.dumps(run_one(args.ranks[0], args.seconds, hang_at, args.node_refresh_s)))
+        return 0
+    results, ok = [], True
+    for n in args.ranks:
+        cmd = [sys.executable, __file__, "--child", "--ranks", str(n), "--seconds", str(args.seconds),
+               "--hang-at", str(hang_at if hang_at is not None else -1), "--node-refresh-s", str(args.node_refresh_s)]
+        out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": "0"})
+        if out.returncode != 0:
+            print(out.stderr[-3000:], file=sys.stderr)
+            return 1
+        r = json.loads(out.stdout.strip().splitlines()[-1])
+        results.append(r)
+        if args.json:
+            print(json.dumps(r))
+        else:
+            print(f"{r['ranks']:>6} ranks ({r['nodes']} nodes, node metrics every {r['node_refresh_s']} s), "
+                  f"{r['simulated_s']} simulated s: "
+                  f"{r['cpu_per_simulated_s']:.3f} CPU s per simulated s, peak RSS {r['peak_rss_mb']:.0f} MB "
+                  f"(idle collector {r['rss_idle_mb']:.0f} MB), {r['requests_per_simulated_s']} requests/s; "
+                  f"hang named {r['hang_detected_s_after_onset']} s after onset, culprit ok: {r['hang_culprit_ok']}; "
+                  f"wall {r['wall_s']} s", flush=True)
+        if r["ranks"] == FLOOR_RANKS:
+            ok = r["cpu_per_simulated_s"] < FLOOR_CPU_PER_S and r["peak_rss_mb"] < FLOOR_RSS_MB
+            if not args.json:
+                print(f"floor ({FLOOR_RANKS} ranks: < {FLOOR_CPU_PER_S} CPU s per simulated s, < {FLOOR_RSS_MB:.0f} "
+                      f"MB): {'met' if ok else 'NOT met'}")
+        if hang_at is not None and not r["hang_culprit_ok"]:
+            ok = False
+    return 0 if ok else 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
