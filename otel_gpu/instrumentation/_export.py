@@ -1,7 +1,7 @@
 """Private OTLP encoding (opentelemetry-proto messages built directly, no SDK) and a small OTLP client.
 
 The client never blocks its caller for longer than ``timeout_s`` (one request) and never retries in the caller's
-thread. While the collector is unreachable (a failed request starts a backoff of 0.5 s doubling to 5 s), requests
+thread. While the collector is unreachable (a failed request starts a backoff of 0.5 s doubling to 2 s), requests
 go into a bounded in-memory buffer (``buffer_mib``, default 8 MiB, ``OTEL_GPU_EXPORT_BUFFER_MIB``) and are re-sent, in
 order and before any newer request, once a request gets through again (each drain gives the buffer at most about a
 second). What does not fit is refused (``send_*`` returns False: the caller counts it as dropped, newest dropped
@@ -148,6 +148,7 @@ class OtlpClient:
         self.buffered = 0
         self.buffer_dropped = 0
         self.buffer_bytes = 0
+        self.lost_at_close = 0  # spans and log records still buffered at close()
         self.max_buffer_bytes = int((_buffer_mib_from_env() if buffer_mib is None else buffer_mib) * 1024 * 1024)
         self._buffer: collections.deque[tuple[str, bytes]] = collections.deque()
         self._drain_lock = threading.Lock()
@@ -220,7 +221,7 @@ class OtlpClient:
             with self._lock:
                 self.failed += 1
                 self._down_until = time.monotonic() + self._backoff_s
-                self._backoff_s = min(self._backoff_s * 2, 5.0)
+                self._backoff_s = min(self._backoff_s * 2, 2.0)
             if not self._warned:
                 self._warned = True
                 _logger.warning("otel-gpu: OTLP export to %s failed (%s); buffering up to %.1f MiB of telemetry "
@@ -300,8 +301,21 @@ class OtlpClient:
         if self._buffer and time.monotonic() >= self._down_until:
             self._drain(self.timeout_s)
         if self._buffer:
-            _logger.warning("otel-gpu: %d telemetry requests (%d bytes) were still buffered for %s at exit and are "
-                            "lost", len(self._buffer), self.buffer_bytes, self.endpoint)
+            items = 0
+            for signal, data in self._buffer:
+                try:
+                    if signal == "traces":
+                        req = trace_service_pb2.ExportTraceServiceRequest.FromString(data)
+                        items += sum(len(ss.spans) for rs in req.resource_spans for ss in rs.scope_spans)
+                    else:
+                        req = logs_service_pb2.ExportLogsServiceRequest.FromString(data)
+                        items += sum(len(sl.log_records) for rl in req.resource_logs for sl in rl.scope_logs)
+                except Exception:  # noqa: BLE001 - only for the message
+                    pass
+            self.lost_at_close = items
+            _logger.warning("otel-gpu: %d telemetry requests (%d spans and log records) were still buffered for %s "
+                            "when the process ended (the collector was still down) and are lost",
+                            len(self._buffer), items, self.endpoint)
         if self._channel is not None:
             try:
                 self._channel.close()
