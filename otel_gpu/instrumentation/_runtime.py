@@ -106,6 +106,8 @@ class Runtime:
         self.fr_inbox: list[dict] = []  # entries read by either thread, for the export thread
         self._fr_lock = threading.Lock()
         self._fr_last_poll = 0.0
+        self._fr_last_poll_wall_ns = 0
+        self._held_steps: list = []  # step spans waiting for the recorder read that covers their collectives
         self._fr_min_interval_s = cfg.export_interval_s
         self.fr_hold: list[dict] = []
         self.cpp_count: dict[str, int] = {}  # pg name -> collectives seen only in the flight recorder
@@ -122,6 +124,9 @@ class Runtime:
         self._logs: collections.deque = collections.deque(maxlen=4096)
         self._pending_async: dict[tuple[int, int], list] = {}
         self._step_ends: collections.deque = collections.deque(maxlen=256)  # (n, t_end_ns)
+        # Recent collective, data-wait and checkpoint intervals (kind, t0, t1, end_known), for the per-step
+        # breakdown on the step span: what separates a straggler's compute from its peers' waiting.
+        self._recent_iv: collections.deque = collections.deque(maxlen=8192)
         self._step_durs: collections.deque = collections.deque(maxlen=32)
         self._steps_done = 0
         self._step_t0 = time.time_ns()
@@ -322,6 +327,7 @@ class Runtime:
         if not force and not self._cpp_ops_pending():
             return
         self._fr_last_poll = now
+        self._fr_last_poll_wall_ns = time.time_ns()
         entries = self.fr.poll()
         if entries:
             with self._fr_lock:
@@ -382,7 +388,9 @@ class Runtime:
     def _cycle(self, final: bool) -> None:
         drain_ns = time.time_ns()
         records = self._drain()
-        self.poll_flight_recorder(force=final and self.fr_enabled)
+        # Held step spans wait for a recorder read that covers them: read at most once per export interval then.
+        catch_up = bool(self._held_steps) and time.monotonic() - self._fr_last_poll >= self.cfg.export_interval_s
+        self.poll_flight_recorder(force=(final or catch_up) and self.fr_enabled)
         with self._fr_lock:
             fr_entries = self.fr_hold + self.fr_inbox
             self.fr_inbox = []
@@ -479,12 +487,89 @@ class Runtime:
             if final or drain_ns - since > _ASYNC_HOLD_NS:
                 spans.append(span)
                 del self._pending_async[key]
+        spans = self._hold_steps(spans, final)
         if spans:
+            self._add_step_breakdown(spans)
             if not final and self.client.is_down():
                 self.counters["spans_dropped"] += len(spans)  # do not spend the GIL encoding what would be dropped
             else:
                 self._send_spans(spans)
         self._send_queued_logs()
+
+    def _hold_steps(self, spans: list, final: bool) -> list:
+        """Keeps back step spans that end after the last flight-recorder read while this process has C++-issued
+        collectives (DDP, FSDP), for at most 3 s: their collectives are read in a later cycle, and the step's
+        breakdown needs them."""
+        step_name = str(tr.STEP_SPAN)
+        candidates = self._held_steps + [sp for sp in spans if sp[0] == step_name]
+        if not candidates:
+            return spans
+        rest = [sp for sp in spans if sp[0] != step_name]
+        self._held_steps = []
+        if final or not self.counters["fr_collectives"]:
+            return rest + candidates
+        now_ns = time.time_ns()
+        for sp in candidates:
+            if sp[3] > self._fr_last_poll_wall_ns and now_ns - sp[3] < 3_000_000_000:
+                self._held_steps.append(sp)
+            else:
+                rest.append(sp)
+        return rest
+
+    def _add_step_breakdown(self, spans: list) -> None:
+        """Sets training.step.collective_time / data_time / checkpoint_time on the step spans of this cycle.
+
+        Collective time is the union of the step's collective intervals. For collectives whose end the backend does
+        not record (gloo's flight recorder: DDP's bucket all-reduces), the rank waits from the creation of the last
+        of them in the step to the step's end: its backward finished computing when it handed over the last bucket,
+        and the optimizer runs only once every bucket is reduced. A straggler hands its last bucket over late and so
+        shows little collective time and much compute; its peers show the reverse.
+        """
+        coll, data, ckpt = str(tr.COLLECTIVE_SPAN), str(tr.DATA_SPAN), str(tr.CKPT_SAVE_SPAN)
+        steps = []
+        for span in spans:
+            name = span[0]
+            if name == coll:
+                self._recent_iv.append(("c", span[2], span[3], bool(span[4].get(str(tr.COLL_DURATION_KNOWN), True))))
+            elif name == data:
+                self._recent_iv.append(("d", span[2], span[3], True))
+            elif name == ckpt:
+                self._recent_iv.append(("k", span[2], span[3], True))
+            elif name == str(tr.STEP_SPAN):
+                steps.append(span)
+        for span in steps:
+            t0, t1 = span[2], span[3]
+            intervals, data_ns, ckpt_ns, last_unknown = [], 0, 0, None
+            for kind, a, b, known in self._recent_iv:
+                if not known:
+                    if t0 <= a <= t1 and (last_unknown is None or a > last_unknown):
+                        last_unknown = a
+                    continue
+                if b < t0 or a > t1:
+                    continue
+                lo, hi = max(a, t0), min(b, t1)
+                if hi <= lo:
+                    continue
+                if kind == "c":
+                    intervals.append((lo, hi))
+                elif kind == "d":
+                    data_ns += hi - lo
+                else:
+                    ckpt_ns += hi - lo
+            if last_unknown is not None:
+                intervals.append((last_unknown, t1))  # from the last bucket handed to the backend: waiting
+            busy, end = 0, t0
+            for lo, hi in sorted(intervals):
+                if hi > end:
+                    busy += hi - max(lo, end)
+                    end = hi
+            attrs = span[4]
+            attrs[str(tr.STEP_COLLECTIVE_S)] = round(busy / 1e9, 6)
+            attrs[str(tr.STEP_DATA_S)] = round(data_ns / 1e9, 6)
+            attrs[str(tr.STEP_CHECKPOINT_S)] = round(ckpt_ns / 1e9, 6)
+        horizon = max((sp[3] for sp in steps), default=0) - 60_000_000_000
+        while self._recent_iv and self._recent_iv[0][2] < horizon:
+            self._recent_iv.popleft()
 
     def _is_own_pending(self, pg: str, created: int) -> bool:
         """A Python op exported in an earlier cycle, or an async one awaiting its Work.wait, is also in the
