@@ -201,7 +201,8 @@ TRAIN = textwrap.dedent("""
         dist.destroy_process_group()
     otel_gpu.uninstrument()   # final flush: sends what is still buffered
     c = rt.client
-    print(json.dumps({"steps": steps, "max_step_s": gap, "heartbeat_counters": hb, "spans_sent": rt.counters["spans_sent"],
+    print(json.dumps({"steps": steps, "max_step_s": gap, "heartbeat_counters": hb,
+                      "spans_sent": rt.counters["spans_sent"],
                       "spans_dropped": rt.counters["spans_dropped"], "buffer_dropped": c.buffer_dropped,
                       "buffered": c.buffered, "left_in_buffer": c.buffer_requests}))
 """)
@@ -336,3 +337,47 @@ def test_client_buffers_in_order_and_counts_what_is_lost_at_exit(caplog):
         down.send_logs(failure_request(i))
     down.close()
     assert down.lost_at_close == 3 and "3 spans and log records" in caplog.text
+
+
+def test_otlphttp_exporter_keeps_its_queue_across_a_restart(tmp_path):
+    """The same persistent queue under the HTTP exporter: batches queued while the backend is down survive the
+    exporter's shutdown and reach an OTLP/HTTP receiver after the next start, byte for byte."""
+    from otel_gpu.exporters.otlp import OtlpHttpExporter, OtlpHttpExporterConfig
+    from otel_gpu.receivers.otlp import OtlpReceiver, OtlpReceiverConfig
+
+    port = free_port()
+    settings = {"endpoint": f"http://127.0.0.1:{port}", "compression": "gzip",
+                "retry_on_failure": {"initial_interval_s": 0.05, "max_interval_s": 0.2, "max_elapsed_time_s": 0},
+                "sending_queue": {"num_consumers": 2, "persistent": {"path": str(tmp_path / "q")}}}
+    telemetry = PrometheusSelfTelemetry()
+    exporter = OtlpHttpExporter(build(OtlpHttpExporterConfig, settings, "exporters.otlphttp"),
+                                ComponentHost("otlphttp", telemetry))
+    exporter.start()
+    batches = [_batch(i, 5) for i in range(6)]
+    for b in batches:
+        assert exporter.export(b) is ExportResult.QUEUED
+    exporter.shutdown(0.5)
+    assert telemetry.value(DROPPED, "otlphttp", Signal.TRACES) == 0  # kept, not dropped
+    assert _rows(tmp_path / "q") == 6
+
+    got = []
+
+    class Keep:
+        def consume(self, batch):
+            got.append(batch.to_bytes())
+
+    receiver = OtlpReceiver(build(OtlpReceiverConfig, {"grpc": None, "http": {"endpoint": f"127.0.0.1:{port}"}}, "r"),
+                            ComponentHost("otlp", PrometheusSelfTelemetry(), {s: Keep() for s in Signal}))
+    receiver.start()
+    try:
+        telemetry = PrometheusSelfTelemetry()
+        exporter = OtlpHttpExporter(build(OtlpHttpExporterConfig, settings, "exporters.otlphttp"),
+                                    ComponentHost("otlphttp", telemetry))
+        exporter.start()
+        assert exporter.force_flush(10)
+        assert sorted(got) == sorted(b.to_bytes() for b in batches)
+        assert telemetry.value(EXPORTED, "otlphttp", Signal.TRACES) == 30
+        exporter.shutdown(2)
+        assert _rows(tmp_path / "q") == 0
+    finally:
+        receiver.shutdown(2)

@@ -18,12 +18,12 @@ Example config::
 from __future__ import annotations
 
 from otel_gpu.component import ComponentFactory
-from otel_gpu.exporters.otlp.config import (OtlpExporterConfig, OtlpHttpExporterConfig, QueueConfig, RetryConfig,
-                                            TlsConfig)
+from otel_gpu.exporters.otlp.config import (OtlpExporterConfig, OtlpHttpExporterConfig, PersistentQueueConfig,
+                                            QueueConfig, RetryConfig, TlsConfig)
 from otel_gpu.exporters.otlp.exporter import OtlpExporter, OtlpHttpExporter
 
 __all__ = ["FACTORY", "HTTP_FACTORY", "OtlpExporter", "OtlpExporterConfig", "OtlpHttpExporter",
-           "OtlpHttpExporterConfig", "QueueConfig", "RetryConfig", "TlsConfig"]
+           "OtlpHttpExporterConfig", "PersistentQueueConfig", "QueueConfig", "RetryConfig", "TlsConfig"]
 
 FACTORY = ComponentFactory("otlp", "exporter", OtlpExporterConfig, OtlpExporter,
                            description="OTLP/gRPC to any backend, with a bounded queue and retry.")
