@@ -82,6 +82,27 @@ def _identity(res: dict[str, Any]) -> Identity | None:
                     gpu=None if gpu is None else str(gpu), restart_count=_int(res.get(str(I.RESTART_COUNT))) or 0)
 
 
+class _ResourceView:
+    """A resource's decoded attributes and, computed on first use, its rank identity (see ``_view``)."""
+
+    __slots__ = ("attrs", "_who", "_done")
+
+    def __init__(self, attrs: dict[str, Any]):
+        self.attrs = attrs
+        self._who: Identity | None = None
+        self._done = False
+
+    def identity(self) -> Identity | None:
+        if not self._done:
+            self._who = _identity(self.attrs)  # may raise on hostile input: then nothing is cached, as before
+            self._done = True
+        return self._who
+
+
+_VIEW_CACHE_MAX = 65536  # distinct resources remembered (one per rank process, plus the nodes' receivers)
+_VIEW_KEY_MAX = 4096  # bytes; a rank's resource is a few hundred
+
+
 def _body_json(record) -> dict[str, Any]:
     body = _value(record.body)
     if isinstance(body, str):
@@ -112,6 +133,7 @@ class AttributionProcessor(Processor):
         self._records: list[FailureRecord] = []  # everything reported, newest last (bounded)
         self._tagging: dict[str, FailureRecord] = {}  # job -> the hang or slowdown its spans are tagged with
         self._clock = time.time
+        self._views: dict[bytes, _ResourceView] = {}
 
     # -- lifecycle -----------------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -157,30 +179,48 @@ class AttributionProcessor(Processor):
                     self._tag(batch)
         return batch
 
+    def _view(self, resource) -> _ResourceView:
+        """Performance (aggregator scale, benchmarks/aggregator_scale.py): every request of a rank carries the same
+        resource; decoding its attributes and building its Identity once per distinct resource, not once per request,
+        was the largest per-request cost of an aggregator, and one shared Identity per rank keeps memory small."""
+        key = resource.SerializeToString()
+        view = self._views.get(key)
+        if view is None:
+            view = _ResourceView(_attrs(resource.attributes))
+            if len(key) <= _VIEW_KEY_MAX:  # a huge (hostile) resource is decoded each time, never kept
+                if len(self._views) >= _VIEW_CACHE_MAX:
+                    self._views.clear()
+                self._views[key] = view
+        return view
+
     def _logs(self, request: ExportLogsServiceRequest, now: float) -> None:
         for rl in request.resource_logs:
-            res = None
+            view = None
             for sl in rl.scope_logs:
                 for record in sl.log_records:
                     name = record.event_name
                     if not name:
                         continue
                     if name == G.XID_EVENT.name:
-                        res = res if res is not None else _attrs(rl.resource.attributes)
-                        self._xid(record, res)
+                        view = view if view is not None else self._view(rl.resource)
+                        self._xid(record, view.attrs)
                     elif name in _TRAINING_EVENTS:
-                        res = res if res is not None else _attrs(rl.resource.attributes)
+                        view = view if view is not None else self._view(rl.resource)
                         try:
-                            self._training_event(name, record, res, now)
+                            self._training_event(name, record, view.attrs, now, view)
                         # Hostile input (fuzzing): a body of the wrong shape or types skips that record only.
                         except (TypeError, ValueError, AttributeError, OverflowError, RecursionError) as exc:
                             self.host.log_once(("malformed", name), logging.WARNING, "attribution: a malformed %s "
                                                "event was skipped (%s; logged once)", name, exc)
 
-    def _training_event(self, name: str, record, res: dict[str, Any], now: float) -> None:
+    def _training_event(self, name: str, record, res: dict[str, Any], now: float,
+                        view: _ResourceView | None = None) -> None:
         attrs = _attrs(record.attributes)
-        merged = {**res, **{k: v for k, v in attrs.items() if k in (str(I.JOB_ID), str(I.RANK))}}
-        who = _identity(merged)
+        if view is not None and str(I.JOB_ID) not in attrs and str(I.RANK) not in attrs:
+            who = view.identity()  # the usual case: the resource alone names the rank
+        else:
+            merged = {**res, **{k: v for k, v in attrs.items() if k in (str(I.JOB_ID), str(I.RANK))}}
+            who = _identity(merged)
         if who is None:
             return
         t = _seconds(record.time_unix_nano or record.observed_time_unix_nano) or now
@@ -236,10 +276,10 @@ class AttributionProcessor(Processor):
                 for m in sm.metrics:
                     name = m.name
                     if name.startswith("gpu.") or name in (G.ECC_ERRORS.name,):
-                        host = host or self._host(_attrs(rm.resource.attributes))
+                        host = host or self._host(self._view(rm.resource).attrs)
                         self._gpu_metric(host, m, gpus)
                     elif name in _NIC_ERRORS or name in _NIC_UP:
-                        host = host or self._host(_attrs(rm.resource.attributes))
+                        host = host or self._host(self._view(rm.resource).attrs)
                         self._nic_metric(host, m, ports)
             for sample in gpus.values():
                 self.engine.observe_gpu(sample)
@@ -319,7 +359,7 @@ class AttributionProcessor(Processor):
                     name = span.name
                     if name == step_name:
                         if who is None:
-                            who = _identity(_attrs(rs.resource.attributes))
+                            who = self._view(rs.resource).identity()
                             if who is None:
                                 break
                         seen_training = True
@@ -333,7 +373,7 @@ class AttributionProcessor(Processor):
                             _float(attrs.get(str(T.STEP_CHECKPOINT_S)))), now)
                     elif name in _SPAN_KINDS:
                         if who is None:
-                            who = _identity(_attrs(rs.resource.attributes))
+                            who = self._view(rs.resource).identity()
                             if who is None:
                                 break
                         seen_training = True
