@@ -184,7 +184,7 @@ class OtlpClient:
             # reconnect within seconds once the collector is back (gRPC's default backoff grows to 120 s)
             opts = [("grpc.max_send_message_length", 32 * 1024 * 1024), ("grpc.enable_retries", 0),
                     ("grpc.initial_reconnect_backoff_ms", 500), ("grpc.min_reconnect_backoff_ms", 500),
-                    ("grpc.max_reconnect_backoff_ms", 4000)]
+                    ("grpc.max_reconnect_backoff_ms", 1000)]
             self._channel = (grpc.secure_channel(target, grpc.ssl_channel_credentials(), options=opts) if secure
                              else grpc.insecure_channel(target, options=opts))
             self._trace_stub = trace_service_pb2_grpc.TraceServiceStub(self._channel)
@@ -195,6 +195,9 @@ class OtlpClient:
                 response_deserializer=None)
             self._raw_logs = self._channel.unary_unary(
                 "/opentelemetry.proto.collector.logs.v1.LogsService/Export", request_serializer=None,
+                response_deserializer=None)
+            self._raw_metrics = self._channel.unary_unary(
+                "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export", request_serializer=None,
                 response_deserializer=None)
         return self._trace_stub, self._logs_stub
 
@@ -215,7 +218,7 @@ class OtlpClient:
                     resp.read()
             else:
                 self._grpc_stubs()
-                call = self._raw_trace if signal == "traces" else self._raw_logs
+                call = {"traces": self._raw_trace, "logs": self._raw_logs, "metrics": self._raw_metrics}[signal]
                 call(data, timeout=self.timeout_s, metadata=tuple(self.headers.items()) or None)
         except Exception as exc:  # noqa: BLE001 - telemetry never raises into the host
             with self._lock:
@@ -287,6 +290,9 @@ class OtlpClient:
     def send_logs(self, request) -> bool:
         return self._send("logs", request)
 
+    def send_metrics(self, request) -> bool:
+        return self._send("metrics", request)
+
     def is_down(self) -> bool:
         """True while requests would be refused: the collector is down and the buffer is full (callers can skip
         building them)."""
@@ -307,6 +313,8 @@ class OtlpClient:
                     if signal == "traces":
                         req = trace_service_pb2.ExportTraceServiceRequest.FromString(data)
                         items += sum(len(ss.spans) for rs in req.resource_spans for ss in rs.scope_spans)
+                    elif signal == "metrics":
+                        items += 1
                     else:
                         req = logs_service_pb2.ExportLogsServiceRequest.FromString(data)
                         items += sum(len(sl.log_records) for rl in req.resource_logs for sl in rl.scope_logs)

@@ -8,6 +8,7 @@ process makes no progress for longer than the (adaptive) threshold.
 from __future__ import annotations
 
 import atexit
+import bisect
 import collections
 import hashlib
 import logging
@@ -25,6 +26,9 @@ from otel_gpu.instrumentation._identity import Identity, job_id_from_env
 from otel_gpu.instrumentation.config import InstrumentationConfig
 from otel_gpu.schema import identity as ids
 from otel_gpu.schema import training as tr
+
+# Bucket bounds (seconds) of the collective-duration histogram: microsecond all-reduces to minute-long stalls.
+_COLL_BOUNDS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 _logger = logging.getLogger(__name__)
 
@@ -127,6 +131,8 @@ class Runtime:
         # Recent collective, data-wait and checkpoint intervals (kind, t0, t1, end_known), for the per-step
         # breakdown on the step span: what separates a straggler's compute from its peers' waiting.
         self._recent_iv: collections.deque = collections.deque(maxlen=8192)
+        self._coll_hist: dict[str, list] = {}  # op -> [bucket counts, sum s, count]
+        self._started_ns = time.time_ns()
         self._step_durs: collections.deque = collections.deque(maxlen=32)
         self._steps_done = 0
         self._step_t0 = time.time_ns()
@@ -496,6 +502,16 @@ class Runtime:
                 self._send_spans(spans)
         self._send_queued_logs()
 
+    def _observe_collective(self, op: str, seconds: float) -> None:
+        entry = self._coll_hist.get(op)
+        if entry is None:
+            if len(self._coll_hist) >= 64:
+                return
+            entry = self._coll_hist[op] = [[0] * (len(_COLL_BOUNDS) + 1), 0.0, 0]
+        entry[0][bisect.bisect_left(_COLL_BOUNDS, seconds)] += 1
+        entry[1] += seconds
+        entry[2] += 1
+
     def _hold_steps(self, spans: list, final: bool) -> list:
         """Keeps back step spans that end after the last flight-recorder read while this process has C++-issued
         collectives (DDP, FSDP), for at most 3 s: their collectives are read in a later cycle, and the step's
@@ -516,6 +532,39 @@ class Runtime:
                 rest.append(sp)
         return rest
 
+    def _metrics_request(self):
+        """Step duration (gauge), collective durations by op (cumulative histogram of the collectives whose end is
+        known) and records dropped by the ring buffer: what the training dashboard plots, once per heartbeat."""
+        from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+        from opentelemetry.proto.metrics.v1 import metrics_pb2
+
+        now = time.time_ns()
+        req = ExportMetricsServiceRequest()
+        rm = req.resource_metrics.add()
+        rm.resource.CopyFrom(self.resource())
+        sm = rm.scope_metrics.add()
+        sm.scope.name = "otel_gpu.instrumentation"
+        if self._step_durs:
+            m = sm.metrics.add(name=str(tr.STEP_DURATION), unit=tr.STEP_DURATION.unit,
+                               description=tr.STEP_DURATION.description)
+            m.gauge.data_points.add(time_unix_nano=now, as_double=float(self._step_durs[-1]))
+        m = sm.metrics.add(name=str(tr.INSTR_DROPPED), unit=tr.INSTR_DROPPED.unit,
+                           description=tr.INSTR_DROPPED.description)
+        m.sum.is_monotonic = True
+        m.sum.aggregation_temporality = metrics_pb2.AGGREGATION_TEMPORALITY_CUMULATIVE
+        m.sum.data_points.add(start_time_unix_nano=self._started_ns, time_unix_nano=now,
+                              as_int=int(NS["_drops"]) + int(self.counters["spans_dropped"]))
+        if self._coll_hist:
+            m = sm.metrics.add(name=str(tr.COLLECTIVE_DURATION), unit=tr.COLLECTIVE_DURATION.unit,
+                               description=tr.COLLECTIVE_DURATION.description)
+            m.histogram.aggregation_temporality = metrics_pb2.AGGREGATION_TEMPORALITY_CUMULATIVE
+            for op, (counts, total, n) in self._coll_hist.items():
+                p = m.histogram.data_points.add(start_time_unix_nano=self._started_ns, time_unix_nano=now, count=n,
+                                                sum=total, explicit_bounds=_COLL_BOUNDS, bucket_counts=counts)
+                kv = p.attributes.add(key=str(tr.COLL_OP))
+                kv.value.string_value = op
+        return req
+
     def _add_step_breakdown(self, spans: list) -> None:
         """Sets training.step.collective_time / data_time / checkpoint_time on the step spans of this cycle.
 
@@ -530,7 +579,10 @@ class Runtime:
         for span in spans:
             name = span[0]
             if name == coll:
-                self._recent_iv.append(("c", span[2], span[3], bool(span[4].get(str(tr.COLL_DURATION_KNOWN), True))))
+                known = bool(span[4].get(str(tr.COLL_DURATION_KNOWN), True))
+                self._recent_iv.append(("c", span[2], span[3], known))
+                if known and span[3] >= span[2]:
+                    self._observe_collective(str(span[4].get(str(tr.COLL_OP))), (span[3] - span[2]) / 1e9)
             elif name == data:
                 self._recent_iv.append(("d", span[2], span[3], True))
             elif name == ckpt:
@@ -739,6 +791,10 @@ class Runtime:
             return
         attrs, body = self.progress()
         self.log(tr.PROGRESS_EVENT, attrs, body, now=True)
+        try:
+            self.client.send_metrics(self._metrics_request())
+        except Exception:  # noqa: BLE001 - metrics are a convenience; heartbeats matter more
+            _logger.debug("otel-gpu: metrics export failed", exc_info=True)
         stalled_s = body["stalled_s"]
         if stalled_s >= self.stack_threshold_s() and self._stacks_sent_for != self._last_progress_marker:
             self._stacks_sent_for = self._last_progress_marker
