@@ -256,6 +256,7 @@ def run_one(n_ranks: int, seconds: int, hang_at: float | None, node_refresh_s: i
     records: list = []
     detected_at = None
     gen_cpu = 0.0
+    per_second: list[float] = []  # cumulative aggregator CPU at the end of each simulated second
     cpu0, wall0 = time.process_time(), time.perf_counter()
     thread_time = time.thread_time
     from_bytes = Batch.from_bytes
@@ -283,6 +284,7 @@ def run_one(n_ranks: int, seconds: int, hang_at: float | None, node_refresh_s: i
                 counts[f"{'trace' if signal is TR else 'log' if signal is LG else 'metric'}_requests"] += 1
         sim[0] = t0 + s
         new = attribution.tick()
+        per_second.append(time.process_time() - cpu0 - gen_cpu)
         if new and detected_at is None:
             detected_at = s
         records += new
@@ -292,10 +294,16 @@ def run_one(n_ranks: int, seconds: int, hang_at: float | None, node_refresh_s: i
     wall = time.perf_counter() - wall0
     collector.shutdown()
     hang = [r for r in records if r.kind.value == "hang"]
+    steady_end = min(seconds, int(hang_at)) if hang_at is not None else seconds
+    warm = min(10, steady_end - 1)  # the first seconds fill the per-rank state
     result = {
         "ranks": n_ranks, "nodes": n_nodes, "simulated_s": seconds, "node_refresh_s": node_refresh_s, "wall_s": round(wall, 2),
         "cpu_s": round(cpu, 2), "generator_cpu_s": round(gen_cpu, 2),
         "cpu_per_simulated_s": round(cpu / seconds, 3),
+        "cpu_per_simulated_s_steady": round((per_second[steady_end - 1] - per_second[warm - 1]) / (steady_end - warm),
+                                            3) if steady_end > warm > 0 else None,
+        "cpu_per_simulated_s_hang": round((per_second[-1] - per_second[steady_end - 1]) / (seconds - steady_end), 3)
+        if seconds > steady_end else None,
         "peak_rss_mb": round(_status_kb("VmHWM") / 1024, 1),
         "ru_maxrss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "rss_idle_mb": round(rss_idle_kb / 1024, 1),
@@ -341,7 +349,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(f"{r['ranks']:>6} ranks ({r['nodes']} nodes, node metrics every {r['node_refresh_s']} s), "
                   f"{r['simulated_s']} simulated s: "
-                  f"{r['cpu_per_simulated_s']:.3f} CPU s per simulated s, peak RSS {r['peak_rss_mb']:.0f} MB "
+                  f"{r['cpu_per_simulated_s']:.3f} CPU s per simulated s (steady {r['cpu_per_simulated_s_steady']}, "
+                  f"during the hang {r['cpu_per_simulated_s_hang']}), peak RSS {r['peak_rss_mb']:.0f} MB "
                   f"(idle collector {r['rss_idle_mb']:.0f} MB), {r['requests_per_simulated_s']} requests/s; "
                   f"hang named {r['hang_detected_s_after_onset']} s after onset, culprit ok: {r['hang_culprit_ok']}; "
                   f"wall {r['wall_s']} s", flush=True)

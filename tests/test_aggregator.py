@@ -184,6 +184,40 @@ def test_compact_holds_back_node_records_until_a_job_is_known(monkeypatch):
     assert c.component("processor", "compact").stats["logs"]["unassigned"] == 1
 
 
+def test_compact_forwards_unchanged_node_metrics_only_on_refresh():
+    from otel_gpu.component import ComponentHost
+    from otel_gpu.collector.telemetry import PrometheusSelfTelemetry
+    from otel_gpu.config import build
+    from otel_gpu.processors.compact import CompactConfig, CompactProcessor
+
+    compact = CompactProcessor(build(CompactConfig, {"job_id": JOB, "metrics_refresh_s": 30}, "processors.compact"),
+                               ComponentHost("compact", PrometheusSelfTelemetry()))
+    clock = [1000.0]
+    compact._clock = lambda: clock[0]
+    gpu0, gpu1 = attributes({"gpu.index": 0}), attributes({"gpu.index": 1})
+
+    def poll(ecc1: int, mem: float, pids=(4100, 4101)) -> list[str]:
+        mb = MetricsBuilder({"host.name": "node-a"}, scope="otel_gpu.receivers.nvml")  # new timestamps every poll
+        for g, v in ((gpu0, 0), (gpu1, ecc1)):
+            mb.record(G.ECC_ERRORS, v, g, {"error.type": "uncorrected", "gpu.ecc.counter": "volatile"})
+        for g, pid in zip((gpu0, gpu1), pids):
+            mb.record(G.PROCESS_MEMORY, mem, g, {"process.pid": pid})
+        out = compact.process(Batch.from_message(Signal.METRICS, mb.build()))
+        clock[0] += 1.0
+        return [] if out is None else [m.name for rm in out.message.resource_metrics for sm in rm.scope_metrics
+                                       for m in sm.metrics]
+
+    both = [G.ECC_ERRORS.name, G.PROCESS_MEMORY.name]
+    assert poll(0, 1e9) == both  # first sight
+    assert poll(0, 1e9) == []  # same points, newer timestamps: held back
+    assert poll(0, 2e9) == []  # a process's memory changed, not which process is on which GPU
+    assert poll(1, 2e9) == [G.ECC_ERRORS.name]  # GPU 1's ECC counter rose: the whole metric (both GPUs) goes
+    assert poll(1, 2e9, pids=(4100, 4199)) == [G.PROCESS_MEMORY.name]  # a new process on GPU 1
+    clock[0] += 30
+    assert poll(1, 2e9, pids=(4100, 4199)) == both  # refresh
+    assert compact.stats["metrics"]["unchanged"] == 2 + 2 + 1 + 1
+
+
 # -- two real collectors ----------------------------------------------------------------------------------------------
 def _export(endpoint: str, signal: Signal, request) -> None:
     stub = {Signal.TRACES: trace_service_pb2_grpc.TraceServiceStub,
