@@ -77,6 +77,7 @@ service:
   pipelines:
     traces: {{receivers: [otlp], exporters: [otlp]}}
     logs: {{receivers: [otlp], exporters: [otlp]}}
+    metrics: {{receivers: [otlp], exporters: [otlp]}}
 """
 
 

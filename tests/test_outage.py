@@ -228,6 +228,23 @@ def _steps_at(sink: OtlpSink, service: str, rank: int | None = None) -> set[int]
     return _ids(sink, service, "otel_gpu.step", "training.step", rank)
 
 
+def _drained_since(sink: OtlpSink, service: str, rank: int | None, since_ns: int) -> bool:
+    """A heartbeat sent after ``since_ns`` says the process's buffer is empty again."""
+    for r in sink.logs:
+        for rl in r.resource_logs:
+            attrs = {kv.key: kv.value for kv in rl.resource.attributes}
+            if attrs.get("service.name") is None or attrs["service.name"].string_value != service:
+                continue
+            if rank is not None and ("training.rank" not in attrs or attrs["training.rank"].int_value != rank):
+                continue
+            for sl in rl.scope_logs:
+                for lr in sl.log_records:
+                    if lr.event_name == "otel_gpu.progress" and lr.time_unix_nano > since_ns:
+                        if json.loads(lr.body.string_value)["counters"]["export_buffered"] == 0:
+                            return True
+    return False
+
+
 def _spans_of(sink: OtlpSink, service: str) -> int:
     return sum(len(ss.spans) for rs in _resource_spans(sink, service) for ss in rs.scope_spans)
 
@@ -258,8 +275,14 @@ def test_training_processes_buffer_across_a_collector_restart(tmp_path):
         assert collector.stop() == 0  # the collector goes away while the job trains
         time.sleep(3.0)
         collector = start_collector(text, tmp_path / "c2")
-        time.sleep(2.0)  # training goes on with the collector back, then ends
+        back_ns, back = time.time_ns(), time.monotonic()
+        # training goes on with the collector back until every process says (in a heartbeat) its buffer is empty
+        reconnected = sink.wait_for(lambda s: all(_drained_since(s, svc, r, back_ns)
+                                                  for svc, r in (("gloo", 0), ("gloo", 1), ("tiny", None))), 20)
+        print(f"buffers drained {time.monotonic() - back:.1f}s after the collector was back")
         stop_file.touch()
+        assert reconnected, [(lr.time_unix_nano - back_ns, lr.body.string_value[-300:])
+                             for lr in sink.log_records() if lr.event_name == "otel_gpu.progress"][-6:]
         res = {}
         for name, p in procs.items():
             out, err = p.communicate(timeout=90)
@@ -381,3 +404,27 @@ def test_otlphttp_exporter_keeps_its_queue_across_a_restart(tmp_path):
         assert _rows(tmp_path / "q") == 0
     finally:
         receiver.shutdown(2)
+
+
+def test_client_drops_what_the_collector_refuses_for_good_and_keeps_going():
+    """A permanent error (INVALID_ARGUMENT, or UNIMPLEMENTED for a signal without a pipeline) is not retried and does
+    not block the buffer behind it; UNAVAILABLE is retried."""
+    import grpc
+
+    from otel_gpu.instrumentation import _export
+
+    with OtlpSink() as sink:
+        client = _export.OtlpClient(sink.endpoint, timeout_s=1, buffer_mib=1)
+        sink.fail_next(1, grpc.StatusCode.INVALID_ARGUMENT)
+        assert not client.send_logs(failure_request(0))  # refused for good: the caller counts it as dropped
+        assert client.rejected == 1 and client.failed == 0 and not client.buffer_requests
+        sink.fail_next(1, grpc.StatusCode.UNAVAILABLE)
+        assert client.send_logs(failure_request(1))  # retryable: buffered
+        assert client.buffer_requests == 1
+        deadline = time.monotonic() + 5
+        while client.buffer_requests and time.monotonic() < deadline:
+            client.send_logs(failure_request(2))
+            time.sleep(0.1)
+        assert not client.buffer_requests
+        assert record_ids(sink) >= {1, 2}
+        client.close()

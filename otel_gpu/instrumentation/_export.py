@@ -16,6 +16,7 @@ import sys
 import threading
 import collections
 import time
+import urllib.error
 import urllib.request
 
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2
@@ -124,6 +125,26 @@ def _buffer_mib_from_env(default: float = 8.0) -> float:
         return default
 
 
+_OK, _RETRY, _REJECTED = "ok", "retry", "rejected"
+# Worth sending again (the OTLP specification's list; RESOURCE_EXHAUSTED: a collector's memory limiter). Anything
+# else the server answered is permanent; errors without an answer (connection refused, timeouts) are retried.
+_RETRYABLE_GRPC = frozenset({"CANCELLED", "DEADLINE_EXCEEDED", "ABORTED", "OUT_OF_RANGE", "UNAVAILABLE", "DATA_LOSS",
+                             "RESOURCE_EXHAUSTED", "UNKNOWN"})
+_RETRYABLE_HTTP = frozenset({408, 429, 502, 503, 504})
+
+
+def _permanent(exc: BaseException) -> bool:
+    code = getattr(exc, "code", None)
+    if isinstance(exc, urllib.error.HTTPError):
+        return exc.code not in _RETRYABLE_HTTP and exc.code < 500
+    if callable(code) and type(exc).__module__.startswith("grpc"):
+        try:
+            return code().name not in _RETRYABLE_GRPC
+        except Exception:  # noqa: BLE001
+            return False
+    return False
+
+
 _DRAIN_BUDGET_S = 1.0  # longest one call spends re-sending the buffer (the watchdog's heartbeats go through here)
 
 
@@ -149,6 +170,8 @@ class OtlpClient:
         self.buffer_dropped = 0
         self.buffer_bytes = 0
         self.lost_at_close = 0  # spans and log records still buffered at close()
+        self.rejected = 0  # requests the collector refused for good (permanent error)
+        self._seen: set = set()
         self.max_buffer_bytes = int((_buffer_mib_from_env() if buffer_mib is None else buffer_mib) * 1024 * 1024)
         self._buffer: collections.deque[tuple[str, bytes]] = collections.deque()
         self._drain_lock = threading.Lock()
@@ -205,8 +228,10 @@ class OtlpClient:
     def buffer_requests(self) -> int:
         return len(self._buffer)
 
-    def _post(self, signal: str, data: bytes) -> bool:
-        """One attempt; on failure starts (or extends) the backoff."""
+    def _post(self, signal: str, data: bytes) -> str:
+        """One attempt: _OK, _RETRY (unreachable, overloaded: starts or extends the backoff) or _REJECTED (the
+        collector answered with a permanent error, e.g. UNIMPLEMENTED for a signal it has no pipeline for, or HTTP
+        400: sending it again cannot help, and the collector is up)."""
         try:
             if self.protocol == "http/protobuf":
                 url = self.endpoint.rstrip("/")
@@ -221,6 +246,14 @@ class OtlpClient:
                 call = {"traces": self._raw_trace, "logs": self._raw_logs, "metrics": self._raw_metrics}[signal]
                 call(data, timeout=self.timeout_s, metadata=tuple(self.headers.items()) or None)
         except Exception as exc:  # noqa: BLE001 - telemetry never raises into the host
+            if _permanent(exc):
+                with self._lock:
+                    self.rejected += 1
+                if ("rejected", signal) not in self._seen:
+                    self._seen.add(("rejected", signal))
+                    _logger.warning("otel-gpu: %s refused %s (%s); such requests are dropped and counted",
+                                    self.endpoint, signal, str(exc).splitlines()[0][:200])
+                return _REJECTED
             with self._lock:
                 self.failed += 1
                 self._down_until = time.monotonic() + self._backoff_s
@@ -230,18 +263,19 @@ class OtlpClient:
                 _logger.warning("otel-gpu: OTLP export to %s failed (%s); buffering up to %.1f MiB of telemetry "
                                 "while it is down", self.endpoint, str(exc).splitlines()[0][:200],
                                 self.max_buffer_bytes / 2**20)
-            return False
+            return _RETRY
         with self._lock:
             self.sent += 1
             self._backoff_s = 0.5
             if self._warned:
                 self._warned = False
                 _logger.info("otel-gpu: OTLP export to %s works again", self.endpoint)
-        return True
+        return _OK
 
-    def _buffer_locked(self, signal: str, data: bytes) -> bool:
+    def _buffer_locked(self, signal: str, data: bytes, count: bool = True) -> bool:
         if self.buffer_bytes + len(data) > self.max_buffer_bytes:
-            self.buffer_dropped += 1
+            if count:
+                self.buffer_dropped += 1
             return False
         self._buffer.append((signal, data))
         self.buffer_bytes += len(data)
@@ -260,11 +294,14 @@ class OtlpClient:
                     if not self._buffer or time.monotonic() < self._down_until:
                         return
                     signal, data = self._buffer[0]
-                if not self._post(signal, data):
+                outcome = self._post(signal, data)
+                if outcome == _RETRY:
                     return
                 with self._lock:
                     self._buffer.popleft()
                     self.buffer_bytes -= len(data)
+                    if outcome == _REJECTED:
+                        self.buffer_dropped += 1  # accepted earlier, lost now: counted with the overflow
         finally:
             self._drain_lock.release()
 
@@ -273,14 +310,18 @@ class OtlpClient:
         data = request if isinstance(request, bytes) else request.SerializeToString()
         with self._lock:
             queued = bool(self._buffer) or time.monotonic() < self._down_until
-            if queued and not self._buffer_locked(signal, data):
-                self.dropped_backoff += 1
-                return False
+            accepted = queued and self._buffer_locked(signal, data, count=False)
         if queued:  # behind older requests: keep the order
-            self._drain()
-            return True
-        if self._post(signal, data):
-            return True
+            self._drain()  # (also when the buffer was full: the drain may make room)
+            if not accepted:
+                with self._lock:
+                    accepted = self._buffer_locked(signal, data)
+                    if not accepted:
+                        self.dropped_backoff += 1
+            return accepted
+        outcome = self._post(signal, data)
+        if outcome != _RETRY:
+            return outcome == _OK
         with self._lock:
             return self._buffer_locked(signal, data)
 
