@@ -5,7 +5,9 @@ thread. While the collector is unreachable (a failed request starts a backoff of
 go into a bounded in-memory buffer (``buffer_mib``, default 8 MiB, ``OTEL_GPU_EXPORT_BUFFER_MIB``) and are re-sent, in
 order and before any newer request, once a request gets through again (each drain gives the buffer at most about a
 second). What does not fit is refused (``send_*`` returns False: the caller counts it as dropped, newest dropped
-first) and counted in ``buffer_dropped``; the buffer is lost if the process ends while the collector is still down.
+first) and counted in ``buffer_dropped``; the buffer is lost if the process ends while the collector is still down
+(counted in ``lost_at_close`` and logged). A permanent error (the collector answered, e.g. UNIMPLEMENTED for a
+signal it has no pipeline for, INVALID_ARGUMENT, HTTP 4xx) drops that request (``rejected``) without a backoff.
 """
 from __future__ import annotations
 
