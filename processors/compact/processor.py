@@ -40,7 +40,11 @@ _SHAPE = {
 def _job_of(attributes) -> str | None:
     for kv in attributes:
         if kv.key == _JOB:
-            return kv.value.string_value or None
+            kind = kv.value.WhichOneof("value")
+            if kind == "string_value":
+                return kv.value.string_value or None
+            # A job id of another type still names the job: never add a second training.job.id beside it.
+            return str(getattr(kv.value, kind)) if kind in ("int_value", "double_value", "bool_value") else "?"
     return None
 
 
