@@ -624,6 +624,13 @@ class Engine:
             if coll:
                 pg, seq = coll[0][1].pg, coll[0][1].seq
                 op = coll[0][1].op
+        if pg is None:
+            # Every rank is at the same place in every group: name the collective they are in.
+            for r in hung:
+                i = r.last_heartbeat.inflight
+                if i is not None and i.kind == "collective" and i.pg is not None:
+                    pg, seq = i.pg, i.seq
+                    break
         if pg is None and not behind and len(hung) < len(live):
             return None  # some ranks still progress: not a job-wide hang (yet)
         lookback = onset - self.settings.hardware_lookback_s
@@ -687,6 +694,8 @@ class Engine:
             for r in in_coll:
                 i = r.last_heartbeat.inflight
                 by_sig.setdefault((i.op, i.bytes), []).append(r.who.rank)
+            for ranks_ in by_sig.values():
+                ranks_.sort()
             minority = min(by_sig.values(), key=len)
             odd = job.ranks[minority[0]]
             ev = base_ev + [evidence(f"ranks{','.join(map(str, ranks))}", f"{sig[0]} bytes={sig[1]}")
