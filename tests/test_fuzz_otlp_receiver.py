@@ -58,7 +58,8 @@ class _Errors(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         if record.levelno >= logging.ERROR or "error serving" in record.getMessage():
-            self.records.append(f"{record.name}: {record.getMessage()}\n{record.exc_text or ''}")
+            trace = logging.Formatter().formatException(record.exc_info) if record.exc_info else ""
+            self.records.append(f"{record.name}: {record.getMessage()}\n{trace}")
 
 
 class Running:

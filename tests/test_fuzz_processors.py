@@ -198,7 +198,8 @@ class _Errors(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         if record.levelno >= logging.ERROR:
-            self.records.append(f"{record.name}: {record.getMessage()}\n{record.exc_text or ''}")
+            trace = logging.Formatter().formatException(record.exc_info) if record.exc_info else ""
+            self.records.append(f"{record.name}: {record.getMessage()}\n{trace}")
 
 
 @pytest.fixture(scope="module")
@@ -261,6 +262,9 @@ def _valid_failure_logs(job: str) -> ExportLogsServiceRequest:
     return req
 
 
+DEEP = (100, 5000)
+
+
 def test_store_exporter_takes_hostile_batches_and_still_writes_the_valid_ones(tmp_path, errors):
     store = STORE.create(build(STORE.config_class, {"path": str(tmp_path), "flush_interval_s": 0.05},
                                "exporters.store"), _host("store"))
@@ -272,8 +276,18 @@ def test_store_exporter_takes_hostile_batches_and_still_writes_the_valid_ones(tm
     def collect(batch):
         examples.append(batch)
         store.export(batch)  # never raises, whatever the batch holds
+        # Written before the example ends: Hypothesis raises the recursion limit while an example runs, so a body
+        # decoded in here could otherwise be too deep to encode in the writer afterwards (a test artifact).
+        assert store.force_flush(10)
 
     try:
+        # Outside Hypothesis (which raises the recursion limit while an example runs): a body nested past json's
+        # recursion limit is ignored, the valid record beside it is kept.
+        for depth in DEEP:
+            req = _valid_failure_logs(f"job-deep-{depth}")
+            deep = req.resource_logs[0].scope_logs[0].log_records.add(event_name="otel_gpu.failure")
+            deep.body.string_value = '{"job_id": "deep", "kind": ' + '{"a":' * depth + "1" + "}" * depth + "}"
+            store.export(Batch.from_message(Signal.LOGS, req))
         collect()
         # The valid records go into the same writer batches as the hostile ones: none may be lost with them.
         valid = [f"job-valid-{i}" for i in range(20)]
@@ -289,7 +303,7 @@ def test_store_exporter_takes_hostile_batches_and_still_writes_the_valid_ones(tm
         stored = {row[0] for row in conn.execute("SELECT job_id FROM failures")}
     finally:
         conn.close()
-    assert set(valid) <= stored, sorted(set(valid) - stored)[:5]
+    assert set(valid) | {f"job-deep-{d}" for d in DEEP} <= stored, sorted(set(valid) - stored)[:5]
 
 
 def test_progress_body_edge_cases_are_ignored_not_crashed(attribution, goodput, errors):
@@ -303,6 +317,8 @@ def test_progress_body_edge_cases_are_ignored_not_crashed(attribution, goodput, 
         {"threads": [1, "x", None, {"main": True, "frames": 5}]},
         {"threads": 7},
         [1, 2, 3],
+        "[" * 5000 + "]" * 5000,  # past json's recursion limit (outside Hypothesis, which raises the limit)
+        '{"a":' * 5000 + "1" + "}" * 5000,
     ]
     req = ExportLogsServiceRequest()
     rl = req.resource_logs.add()
@@ -313,7 +329,7 @@ def test_progress_body_edge_cases_are_ignored_not_crashed(attribution, goodput, 
         for target in (rl, rl2):
             for name in ("otel_gpu.progress", "otel_gpu.stacks", "otel_gpu.failure"):
                 record = target.scope_logs.add().log_records.add(event_name=name, time_unix_nano=1)
-                record.body.string_value = json.dumps(body)
+                record.body.string_value = body if isinstance(body, str) else json.dumps(body)
     batch = Batch.from_message(Signal.LOGS, req)
     attribution.process(batch)
     attribution.tick(time.time() + 3600)
