@@ -152,7 +152,9 @@ def _failure_lines(record: dict[str, Any]) -> list[str]:
         lines.append(f"  auto-remediable: {'yes' if record['auto_remediable'] else 'no'}")
     details = record.get("details")
     if isinstance(details, dict) and details:
-        lines.append("  details: " + ", ".join(f"{k} {v}" for k, v in details.items() if v not in (None, "")))
+        # Lists (e.g. every waiting rank of a hang) are for machines: --format json has them.
+        lines.append("  details: " + ", ".join(f"{k} {v}" for k, v in details.items()
+                                               if v not in (None, "") and not isinstance(v, (list, dict))))
     evidence = record.get("evidence") or []
     if isinstance(evidence, (str, dict)):
         evidence = [evidence]

@@ -7,7 +7,7 @@ scenario:
 - ``OTEL_GPU_FAULT``: none, exception, sigkill, os_exit, cuda_oom, sleep_before_collective, deadlock,
   collective_mismatch, straggler, dataloader_stall, slow_checkpoint, cuda_error (the symptom of an XID/ECC fault),
   comm_hang (the symptom of a dead link), comm_slow (the symptom of a degrading link)
-- ``OTEL_GPU_FAULT_RANK`` (default 1) and ``OTEL_GPU_FAULT_STEP`` (default 15)
+- ``OTEL_GPU_FAULT_RANK`` (default 1) and ``OTEL_GPU_FAULT_STEP`` (default 25; a checkpoint is saved every 10 steps)
 - ``OTEL_GPU_STEPS`` (default 60), ``OTEL_GPU_STEP_SLEEP_S`` (default 0.05: steady, cheap "compute")
 - ``OTEL_GPU_SCENARIO_DIR``: when set, the faulty rank writes ``trigger`` there when the fault begins and, if
   ``OTEL_GPU_FAULT_WAIT_ACK=1``, waits for ``ack`` (the hardware part of the fault has been injected) before showing
@@ -30,7 +30,7 @@ from torch.utils.data import DataLoader, Dataset
 
 FAULT = os.environ.get("OTEL_GPU_FAULT", "none")
 FAULT_RANK = int(os.environ.get("OTEL_GPU_FAULT_RANK", "1"))
-FAULT_STEP = int(os.environ.get("OTEL_GPU_FAULT_STEP", "15"))
+FAULT_STEP = int(os.environ.get("OTEL_GPU_FAULT_STEP", "25"))
 STEPS = int(os.environ.get("OTEL_GPU_STEPS", "60"))
 STEP_SLEEP_S = float(os.environ.get("OTEL_GPU_STEP_SLEEP_S", "0.05"))
 SCENARIO_DIR = os.environ.get("OTEL_GPU_SCENARIO_DIR")
@@ -151,7 +151,7 @@ def main() -> None:
                 dist.broadcast(t, src=0)
             else:
                 dist.all_reduce(t)
-        if step % 20 == 19:
+        if step % 10 == 9:
             stall = 4.0 if FAULT == "slow_checkpoint" and rank == FAULT_RANK and step >= FAULT_STEP else 0.0
             if stall:
                 begin_fault(wait=False)
