@@ -61,7 +61,8 @@ class Host(ComponentHost):
 # -- XID lines --------------------------------------------------------------------------------------------------------
 
 _numbers = st.one_of(st.integers(min_value=-5, max_value=200), st.integers(min_value=0, max_value=10**40),
-                     st.text("0123456789٠١٢٣٤٥٦٧٨٩", min_size=1, max_size=30))
+                     st.text("0123456789٠١٢٣٤٥٦٧٨٩", min_size=1, max_size=30),
+                     st.sampled_from(["9" * 5000, "1" + "0" * 19, "0" * 40 + "79"]))  # int() refuses > 4,300 digits
 _pci = st.one_of(st.just("0000:3b:00"), st.just("0000:3b:00.0"), st.text("0123456789abcdefABCDEF:.", max_size=40))
 
 

@@ -58,12 +58,18 @@ def parse_line(line: str) -> XidLine | None:
         pci = pci_text(pci_key(m.group(1)))
     except ValueError:
         return None
-    code = int(m.group(2))
-    if code >= _INT32:  # not a code the driver can print; an int64 attribute could not even hold some of these
+    code = _bounded(m.group(2), _INT32)
+    if code is None:  # not a code the driver can print; an int64 attribute could not even hold some of these
         return None
     rest = (m.group(3) or "").strip()
     pid_m, k = _PID.search(rest), _KMSG.match(line)
-    pid = int(pid_m.group(1)) if pid_m else None
-    monotonic_us = int(k.group(1)) if k else None
-    return XidLine(code, pci, pid if pid is not None and pid < _INT32 else None, rest,
-                   monotonic_us if monotonic_us is not None and monotonic_us < _INT64 else None)
+    return XidLine(code, pci, _bounded(pid_m.group(1), _INT32) if pid_m else None, rest,
+                   _bounded(k.group(1), _INT64) if k else None)
+
+
+def _bounded(digits: str, limit: int) -> int | None:
+    """int(digits) when below ``limit``; None otherwise (length first: int() refuses over 4,300 digits)."""
+    if len(digits) > 20:
+        return None
+    value = int(digits)
+    return value if value < limit else None
