@@ -27,6 +27,8 @@ from __future__ import annotations
 import abc
 import enum
 import logging
+import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -34,7 +36,7 @@ from typing import Any, Protocol
 from otel_gpu.pdata import Batch, Signal
 
 __all__ = ["ComponentFactory", "ComponentHost", "Consumer", "ExportResult", "Exporter", "Processor", "Receiver",
-           "SelfTelemetry", "NullConsumer", "LogOnce"]
+           "SelfTelemetry", "NullConsumer", "LogOnce", "run_polling"]
 
 
 class ExportResult(enum.Enum):
@@ -146,3 +148,24 @@ class ComponentFactory:
     create: Callable[[Any, ComponentHost], Component]
     signals: Iterable[Signal] = field(default=(Signal.TRACES, Signal.METRICS, Signal.LOGS))
     description: str = ""
+
+
+def run_polling(host: ComponentHost, interval_s: float, stop: threading.Event, poll: Callable[[], Any],
+                signal: Signal = Signal.METRICS) -> None:
+    """A polling receiver's loop: calls ``poll()`` every ``interval_s`` until ``stop`` is set and sends the export
+    request it returns (None: nothing this time). A failing poll is logged once and the loop goes on; an overrun skips
+    the missed ticks rather than bursting."""
+    next_t = time.monotonic()
+    consumer = host.consumer(signal)
+    while not stop.is_set():
+        try:
+            request = poll()
+            if request is not None:
+                consumer.consume(Batch.from_message(signal, request))
+        except Exception:  # noqa: BLE001 - a receiver never takes the collector down
+            host.log_once("poll", logging.ERROR, "%s: poll failed (logged once)", host.component_id, exc_info=True)
+        next_t += interval_s
+        delay = next_t - time.monotonic()
+        if delay < 0:
+            next_t, delay = time.monotonic(), 0.0
+        stop.wait(delay)

@@ -1,7 +1,6 @@
 """Renders docs/schema.md from the registry."""
 from __future__ import annotations
 
-from itertools import groupby
 
 from otel_gpu.schema._model import Registry
 

@@ -514,7 +514,7 @@ class Engine:
             exc = r.exception
             return self._record(job, Kind.CRASH, RootCause.UNKNOWN, first_time, now, 0.3, self._culprit(r),
                                 [evidence("exception.type", exc.type if exc else "?")],
-                                f"ranks failed with communication errors; no first cause found", {})
+                                "ranks failed with communication errors; no first cause found", {})
         primaries.sort(key=lambda p: p[0])
         t, r, cause, ev, details, summary = primaries[0]
         if consequences:

@@ -14,9 +14,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from otel_gpu.component import ComponentHost, Receiver
+from otel_gpu.component import ComponentHost, Receiver, run_polling
 from otel_gpu.otlp_build import MetricsBuilder, Series, attributes
-from otel_gpu.pdata import Batch, Signal
 from otel_gpu.schema import nic as N
 from otel_gpu.schema.gpu import NETWORK_IO_DIRECTION
 from otel_gpu.schema.identity import HOST_NAME, HW_TYPE
@@ -343,22 +342,7 @@ class NicReceiver(Receiver):
         port.up = up
 
     def _loop(self) -> None:
-        interval = self.config.interval_s
-        next_t = time.monotonic()
-        consumer = self.host.consumer(Signal.METRICS)
-        while not self._stop.is_set():
-            try:
-                request = self.poll()
-                if request is not None:
-                    consumer.consume(Batch.from_message(Signal.METRICS, request))
-            except Exception:  # noqa: BLE001 - the receiver never takes the collector down
-                self.host.log_once("poll", logging.ERROR, "%s: poll failed (logged once)", self.host.component_id,
-                                   exc_info=True)
-            next_t += interval
-            delay = next_t - time.monotonic()
-            if delay < 0:
-                next_t, delay = time.monotonic(), 0.0
-            self._stop.wait(delay)
+        run_polling(self.host, self.config.interval_s, self._stop, self.poll)
 
 
 def _listdir(path: str) -> list[str]:

@@ -12,7 +12,7 @@ import threading
 import time
 from typing import Any
 
-from otel_gpu.component import ComponentHost, Receiver
+from otel_gpu.component import ComponentHost, Receiver, run_polling
 from otel_gpu.otlp_build import LogsBuilder, MetricsBuilder, Series, attributes
 from otel_gpu.pdata import Batch, Signal
 from otel_gpu.schema import gpu as G
@@ -366,22 +366,7 @@ class NvmlReceiver(Receiver):
                           {str(PROCESS_PID): int(p.pid), str(G.PROCESS_TYPE): ptype})
 
     def _poll_loop(self) -> None:
-        interval = self.config.interval_s
-        next_t = time.monotonic()
-        consumer = self.host.consumer(Signal.METRICS)
-        while not self._stop.is_set():
-            try:
-                request = self.poll()
-                if request is not None:
-                    consumer.consume(Batch.from_message(Signal.METRICS, request))
-            except Exception:  # noqa: BLE001 - the receiver never takes the collector down
-                self.host.log_once("poll", logging.ERROR, "%s: poll failed (logged once)", self.host.component_id,
-                                   exc_info=True)
-            next_t += interval
-            delay = next_t - time.monotonic()
-            if delay < 0:  # overran: skip the missed ticks rather than burst
-                next_t, delay = time.monotonic(), 0.0
-            self._stop.wait(delay)
+        run_polling(self.host, self.config.interval_s, self._stop, self.poll)
 
     # -- XID events ---------------------------------------------------------------------------------------------------
     def _event_loop(self) -> None:
