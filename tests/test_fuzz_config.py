@@ -87,7 +87,8 @@ _yaml_tokens = st.sampled_from(["receivers", "processors", "exporters", "service
                                 "grpc", "http", "endpoint", ":", " ", "\n", "  ", "- ", "{", "}", "[", "]", ",", "&a",
                                 "*a", "!!str", "!!int", "!!binary", "!!python/none", "!!map", "!!set", "?", "|", ">",
                                 "'", '"', "#", "${env:HOME}", "${NOPE}", "${X:-1}", "null", "~", "1e309", "0x10",
-                                "-", "yes", "<<: *a", "\t", "%YAML 1.1\n", "---\n", "...\n", "\x00", "\ud7ff"])
+                                "-", "yes", "<<: *a", "\t", "%YAML 1.1\n", "---\n", "...\n", "\x00", "\ud7ff",
+                                "9" * 4400, "[" * 1200, "{a: " * 1200])
 
 
 @fuzz(300)
@@ -97,6 +98,29 @@ def test_any_text_is_a_config_or_a_config_error(text):
         load_text(text, "fuzz.yaml")
     except ConfigError as exc:
         assert all(p.startswith("fuzz.yaml") for p in exc.problems), exc.problems
+
+
+@pytest.mark.parametrize("text", [
+    "receivers: {otlp: {grpc: {max_workers: " + "9" * 5000 + "}}}",  # int() refuses over 4,300 digits
+    "receivers: " + "[" * 5000 + "]" * 5000,  # PyYAML composes recursively
+    "receivers: " + "{a: " * 3000 + "1" + "}" * 3000,
+    "- " * 3000 + "1",
+])
+def test_documents_pyyaml_itself_chokes_on_are_config_errors(text):
+    """Regression: these raised ValueError / RecursionError out of load_text instead of a ConfigError."""
+    with pytest.raises(ConfigError) as err:
+        load_text(text, "huge.yaml")
+    assert str(err.value).startswith("huge.yaml")
+
+
+def test_an_env_value_pyyaml_chokes_on_stays_a_string(monkeypatch):
+    monkeypatch.setenv("OTEL_GPU_FUZZ_BIG", "9" * 5000)
+    text = ("receivers: {otlp: {grpc: {max_workers: '${OTEL_GPU_FUZZ_BIG}'}}}\n"
+            "exporters: {debug: {}}\n"
+            "service: {pipelines: {traces: {receivers: [otlp], exporters: [debug]}}}\n")
+    with pytest.raises(ConfigError) as err:
+        load_text(text, "env.yaml")
+    assert "max_workers" in str(err.value)
 
 
 _scalars = st.one_of(st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70), st.floats(),
