@@ -95,8 +95,8 @@ def _validate_common(cfg) -> None:
 
 
 @dataclass
-class OtlpExporterConfig:
-    """``otlp``: OTLP/gRPC. ``endpoint`` is ``host:port`` (plaintext) or ``https://host:port`` (TLS)."""
+class _OtlpSettings:
+    """The settings both OTLP exporters take; each validates its own endpoint form."""
 
     endpoint: str = ""
     headers: dict[str, str] = field(default_factory=dict)
@@ -106,6 +106,11 @@ class OtlpExporterConfig:
     auth: BearerAuthConfig | None = None  # sends authorization: Bearer <token> (token from a file or ${env:VAR})
     retry_on_failure: RetryConfig = field(default_factory=RetryConfig)
     sending_queue: QueueConfig = field(default_factory=QueueConfig)
+
+
+@dataclass
+class OtlpExporterConfig(_OtlpSettings):
+    """``otlp``: OTLP/gRPC. ``endpoint`` is ``host:port`` (plaintext) or ``https://host:port`` (TLS)."""
 
     def validate(self) -> None:
         if not self.endpoint:
@@ -129,17 +134,8 @@ class OtlpExporterConfig:
 
 
 @dataclass
-class OtlpHttpExporterConfig:
+class OtlpHttpExporterConfig(_OtlpSettings):
     """``otlphttp``: OTLP/HTTP protobuf. ``endpoint`` is the base URL; ``/v1/traces`` etc. are appended."""
-
-    endpoint: str = ""
-    headers: dict[str, str] = field(default_factory=dict)
-    timeout_s: float = 5.0
-    compression: str = "gzip"
-    tls: TlsConfig = field(default_factory=TlsConfig)
-    auth: BearerAuthConfig | None = None  # sends authorization: Bearer <token> (token from a file or ${env:VAR})
-    retry_on_failure: RetryConfig = field(default_factory=RetryConfig)
-    sending_queue: QueueConfig = field(default_factory=QueueConfig)
 
     def validate(self) -> None:
         if not self.endpoint:
