@@ -25,8 +25,10 @@ reports every 5 simulated seconds (its default).
 
 Printed per job size: aggregator CPU seconds per simulated second (process CPU, user + system, minus the CPU the
 generator spent encoding requests), peak RSS (VmHWM of the process, generator included, which is small: requests are
-encoded and fed one node at a time) and RSS growth from the idle collector. Floor (issue 7): 4,096 ranks on one core
-(CPU s per simulated s < 1.0) with RSS < 300 MB. Each size runs in its own process, so that VmHWM is its own.
+encoded and fed one node at a time) and the idle collector's RSS; CPU also split into steady state (seconds 10 to the
+hang) and the hang phase (no more steps). Floor (issue 7): 4,096 ranks on one core (CPU s per simulated s < 1.0, in
+steady state and overall) with peak RSS < 300 MB. Each size runs in its own process, so that VmHWM is its own.
+``--ranks-per-request 8`` merges a node's ranks into one request, as a batch processor in the routing tier would.
 
 Example:
     /work/venv/bin/python benchmarks/aggregator_scale.py                       # 1024, 4096, 16384 ranks, 60 s each
@@ -223,7 +225,8 @@ class _Generator:
         return out
 
 
-def run_one(n_ranks: int, seconds: int, hang_at: float | None, node_refresh_s: int = 30) -> dict:
+def run_one(n_ranks: int, seconds: int, hang_at: float | None, node_refresh_s: int = 30,
+            ranks_per_request: int = 1) -> dict:
     import logging
 
     import yaml
@@ -265,13 +268,20 @@ def run_one(n_ranks: int, seconds: int, hang_at: float | None, node_refresh_s: i
         for node in range(n_nodes):
             g0 = thread_time()
             reqs = []
+            traces: list[bytes] = []
+            logs: list[bytes] = []
             for rank in range(node * RANKS_PER_NODE, min(n_ranks, (node + 1) * RANKS_PER_NODE)):
                 raw = gen.trace_bytes(rank, s)
                 if raw is not None:
-                    reqs.append((TR, raw))
+                    traces.append(raw)
                 raw = gen.log_bytes(rank, s)
                 if raw is not None:
-                    reqs.append((LG, raw))
+                    logs.append(raw)
+            # Several ranks per request (a batch processor in the routing tier): concatenated export requests of
+            # one type are one request holding all their resources (protobuf merges repeated fields).
+            for signal, raws in ((TR, traces), (LG, logs)):
+                for i in range(0, len(raws), ranks_per_request):
+                    reqs.append((signal, b"".join(raws[i:i + ranks_per_request])))
             if (s + node) % node_refresh_s == 0:
                 for raw in gen.node_bytes(node):
                     reqs.append((MT, raw))
@@ -297,7 +307,8 @@ def run_one(n_ranks: int, seconds: int, hang_at: float | None, node_refresh_s: i
     steady_end = min(seconds, int(hang_at)) if hang_at is not None else seconds
     warm = min(10, steady_end - 1)  # the first seconds fill the per-rank state
     result = {
-        "ranks": n_ranks, "nodes": n_nodes, "simulated_s": seconds, "node_refresh_s": node_refresh_s, "wall_s": round(wall, 2),
+        "ranks": n_ranks, "nodes": n_nodes, "simulated_s": seconds, "node_refresh_s": node_refresh_s,
+        "ranks_per_request": ranks_per_request, "wall_s": round(wall, 2),
         "cpu_s": round(cpu, 2), "generator_cpu_s": round(gen_cpu, 2),
         "cpu_per_simulated_s": round(cpu / seconds, 3),
         "cpu_per_simulated_s_steady": round((per_second[steady_end - 1] - per_second[warm - 1]) / (steady_end - warm),
@@ -325,6 +336,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="simulated second the job hangs (default: seconds - 25; negative: no hang)")
     ap.add_argument("--node-refresh-s", type=int, default=30,
                     help="seconds between a node's metric requests (compact's metrics_refresh_s; 1: worst case)")
+    ap.add_argument("--ranks-per-request", type=int, default=1, choices=range(1, RANKS_PER_NODE + 1),
+                    metavar=f"1..{RANKS_PER_NODE}",
+                    help="ranks of a node merged into one request (1: each rank's own export, as forwarded)")
     ap.add_argument("--json", action="store_true", help="print one JSON object per size")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -332,12 +346,14 @@ def main(argv: list[str] | None = None) -> int:
     if hang_at < 0:
         hang_at = None
     if args.child:
-        print(json.dumps(run_one(args.ranks[0], args.seconds, hang_at, args.node_refresh_s)))
+        print(json.dumps(run_one(args.ranks[0], args.seconds, hang_at, args.node_refresh_s,
+                                 args.ranks_per_request)))
         return 0
     results, ok = [], True
     for n in args.ranks:
         cmd = [sys.executable, __file__, "--child", "--ranks", str(n), "--seconds", str(args.seconds),
-               "--hang-at", str(hang_at if hang_at is not None else -1), "--node-refresh-s", str(args.node_refresh_s)]
+               "--hang-at", str(hang_at if hang_at is not None else -1), "--node-refresh-s", str(args.node_refresh_s),
+               "--ranks-per-request", str(args.ranks_per_request)]
         out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": "0"})
         if out.returncode != 0:
             print(out.stderr[-3000:], file=sys.stderr)
@@ -347,7 +363,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             print(json.dumps(r))
         else:
-            print(f"{r['ranks']:>6} ranks ({r['nodes']} nodes, node metrics every {r['node_refresh_s']} s), "
+            print(f"{r['ranks']:>6} ranks ({r['nodes']} nodes, node metrics every {r['node_refresh_s']} s, "
+                  f"{r['ranks_per_request']} rank(s) per request), "
                   f"{r['simulated_s']} simulated s: "
                   f"{r['cpu_per_simulated_s']:.3f} CPU s per simulated s (steady {r['cpu_per_simulated_s_steady']}, "
                   f"during the hang {r['cpu_per_simulated_s_hang']}), peak RSS {r['peak_rss_mb']:.0f} MB "
@@ -355,10 +372,11 @@ def main(argv: list[str] | None = None) -> int:
                   f"hang named {r['hang_detected_s_after_onset']} s after onset, culprit ok: {r['hang_culprit_ok']}; "
                   f"wall {r['wall_s']} s", flush=True)
         if r["ranks"] == FLOOR_RANKS:
-            ok = r["cpu_per_simulated_s"] < FLOOR_CPU_PER_S and r["peak_rss_mb"] < FLOOR_RSS_MB
+            cpu = max(r["cpu_per_simulated_s"], r["cpu_per_simulated_s_steady"] or 0.0)  # the busier of the two
+            ok = cpu < FLOOR_CPU_PER_S and r["peak_rss_mb"] < FLOOR_RSS_MB
             if not args.json:
-                print(f"floor ({FLOOR_RANKS} ranks: < {FLOOR_CPU_PER_S} CPU s per simulated s, < {FLOOR_RSS_MB:.0f} "
-                      f"MB): {'met' if ok else 'NOT met'}")
+                print(f"floor ({FLOOR_RANKS} ranks: < {FLOOR_CPU_PER_S} CPU s per simulated s in steady state and "
+                      f"overall, < {FLOOR_RSS_MB:.0f} MB peak RSS): {'met' if ok else 'NOT met'}")
         if hang_at is not None and not r["hang_culprit_ok"]:
             ok = False
     return 0 if ok else 2
