@@ -88,7 +88,8 @@ _yaml_tokens = st.sampled_from(["receivers", "processors", "exporters", "service
                                 "*a", "!!str", "!!int", "!!binary", "!!python/none", "!!map", "!!set", "?", "|", ">",
                                 "'", '"', "#", "${env:HOME}", "${NOPE}", "${X:-1}", "null", "~", "1e309", "0x10",
                                 "-", "yes", "<<: *a", "\t", "%YAML 1.1\n", "---\n", "...\n", "\x00", "\ud7ff",
-                                "9" * 4400, "[" * 1200, "{a: " * 1200])
+                                "9" * 4400, "[" * 1200, "{a: " * 1200, "!!int", "!!float", "!!timestamp", "!!bool",
+                                "!!binary", "!!omap", "!!pairs", "!!set"])
 
 
 @fuzz(300)
@@ -105,9 +106,14 @@ def test_any_text_is_a_config_or_a_config_error(text):
     "receivers: " + "[" * 5000 + "]" * 5000,  # PyYAML composes recursively
     "receivers: " + "{a: " * 3000 + "1" + "}" * 3000,
     "- " * 3000 + "1",
+    "!!int",  # PyYAML: IndexError
+    "receivers: !!float",
+    "receivers: !!timestamp x",  # AttributeError
+    "receivers: !!bool maybe",  # KeyError
 ])
 def test_documents_pyyaml_itself_chokes_on_are_config_errors(text):
-    """Regression: these raised ValueError / RecursionError out of load_text instead of a ConfigError."""
+    """Regression: these raised ValueError, RecursionError, IndexError, KeyError or AttributeError out of
+    load_text instead of a ConfigError."""
     with pytest.raises(ConfigError) as err:
         load_text(text, "huge.yaml")
     assert str(err.value).startswith("huge.yaml")
@@ -219,8 +225,9 @@ def test_every_setting_of_every_component_takes_any_value_or_names_the_key(kind,
         except ConfigError as exc:
             text = str(exc)
             assert all(p.startswith(path) for p in exc.problems), exc.problems
-            leaf = key.rsplit(".", 1)[-1]
-            assert leaf in text or key.split(".")[0] in text, (key, text)
+            # The key set, or (for a check across settings, e.g. otlp's "enable at least one protocol") another
+            # setting of the same component that the message tells the user to change.
+            assert any(name.rsplit(".", 1)[-1] in text for name in [key, *fields]), (key, text)
 
     check()
 

@@ -92,7 +92,7 @@ def _expand_env(node: Any) -> Any:
             # A whole-value reference may stand for a number or boolean: let YAML type it.
             try:
                 return yaml.safe_load(expanded)
-            except (yaml.YAMLError, ValueError, RecursionError):  # see load_text
+            except Exception:  # noqa: BLE001 - see load_text: PyYAML leaks more than YAMLError
                 return expanded
         return expanded
     if isinstance(node, dict):
@@ -258,10 +258,11 @@ def load_text(text: str, source: str = "<config>") -> CollectorConfig:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise ConfigError(f"{source}: not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
-    except ValueError as exc:  # PyYAML lets int()'s refusal of a number over 4,300 digits through
-        raise ConfigError(f"{source}: not a usable YAML document: {exc}") from None
     except RecursionError:  # PyYAML composes recursively: [[[...]]] thousands deep
         raise ConfigError(f"{source}: not a usable YAML document: nested too deeply") from None
+    except Exception as exc:  # noqa: BLE001 - PyYAML's constructors leak IndexError ("!!int"), KeyError ("!!bool
+        # maybe"), AttributeError ("!!timestamp x"), ValueError (an int over 4,300 digits): all mean a bad file
+        raise ConfigError(f"{source}: not a usable YAML document: {type(exc).__name__}: {exc}") from None
     return parse(data, source)
 
 
