@@ -122,7 +122,7 @@ def test_compact_config_errors_name_the_key():
 def sidecar_in_process(monkeypatch):
     monkeypatch.setitem(registry.BUILTIN["exporter"], "capture", "otel_gpu.testing.capture")
     config = {"receivers": {"otlp": {"grpc": {"endpoint": "127.0.0.1:0"}, "http": None}},
-              "processors": {"compact": {}},
+              "processors": {"compact": {"batch_interval_s": 0}},
               "exporters": {"capture/backend": {}, "capture/aggregator": {}},
               "service": {"pipelines": {
                   "traces/backend": {"receivers": ["otlp"], "exporters": ["capture/backend"]},
@@ -190,7 +190,8 @@ def test_compact_forwards_unchanged_node_metrics_only_on_refresh():
     from otel_gpu.config import build
     from otel_gpu.processors.compact import CompactConfig, CompactProcessor
 
-    compact = CompactProcessor(build(CompactConfig, {"job_id": JOB, "metrics_refresh_s": 30}, "processors.compact"),
+    compact = CompactProcessor(build(CompactConfig, {"job_id": JOB, "metrics_refresh_s": 30, "batch_interval_s": 0},
+                                     "processors.compact"),
                                ComponentHost("compact", PrometheusSelfTelemetry()))
     clock = [1000.0]
     compact._clock = lambda: clock[0]
@@ -216,6 +217,37 @@ def test_compact_forwards_unchanged_node_metrics_only_on_refresh():
     clock[0] += 30
     assert poll(1, 2e9, pids=(4100, 4199)) == both  # refresh
     assert compact.stats["metrics"]["unchanged"] == 2 + 2 + 1 + 1
+
+
+def test_compact_merges_the_ranks_of_a_node_into_one_request(monkeypatch):
+    monkeypatch.setitem(registry.BUILTIN["exporter"], "capture", "otel_gpu.testing.capture")
+    pipe = {"receivers": ["otlp"], "processors": ["compact"], "exporters": ["capture"]}
+    config = {"receivers": {"otlp": {"grpc": {"endpoint": "127.0.0.1:0"}, "http": None}},
+              "processors": {"compact": {"batch_interval_s": 0.3, "batch_max_items": 100}},
+              "exporters": {"capture": {}}, "service": {"pipelines": {"logs": pipe, "traces": pipe}}}
+    c = Collector(load_text(yaml.safe_dump(config)))
+    c.start()
+    try:
+        logs = c.component("receiver", "otlp").host.consumer(Signal.LOGS)
+        capture = c.component("exporter", "capture")
+        for rank in range(WORLD):
+            logs.consume(Batch.from_message(Signal.LOGS, _hang_logs(rank, time.time())))
+        assert capture.wait_for(lambda e: e.of(Signal.LOGS), timeout_s=5)
+        (merged,) = capture.of(Signal.LOGS)  # one request, every rank's resource in it
+        ranks = [kv.value.int_value for rl in merged.message.resource_logs for kv in rl.resource.attributes
+                 if kv.key == "training.rank"]
+        assert ranks == list(range(WORLD)) and merged.item_count() == WORLD + 1  # + rank 2's stacks
+        # A full request goes at once, without waiting for the clock: 50 step spans of 2 ranks, 100 items.
+        traces = c.component("receiver", "otlp").host.consumer(Signal.TRACES)
+        traces.consume(Batch.from_message(Signal.TRACES, _spans(0, range(1, 51), collectives_per_step=1)))
+        assert not capture.of(Signal.TRACES)
+        traces.consume(Batch.from_message(Signal.TRACES, _spans(1, range(1, 51), collectives_per_step=1)))
+        (full,) = capture.of(Signal.TRACES)
+        assert full.item_count() == 100
+        traces.consume(Batch.from_message(Signal.TRACES, _spans(2, range(1, 3))))
+    finally:
+        c.shutdown()
+    assert capture.of(Signal.TRACES)[-1].item_count() == 2  # what waited at shutdown went out
 
 
 # -- two real collectors ----------------------------------------------------------------------------------------------

@@ -8,7 +8,9 @@ route all of a job's data to one aggregator.
 
 It never changes the batch it is given (a receiver hands the same batch to every pipeline, and the full traces still
 go to the backend through another one): it passes it on as it is when nothing is to be dropped or stamped, and builds
-a new, smaller request otherwise.
+a new, smaller request otherwise. With ``batch_interval_s`` > 0 (default 1 s) what it keeps is merged into one request
+per signal and passed on every ``batch_interval_s`` (or once ``batch_max_items`` are waiting): the ranks of a node
+then share requests to the aggregator, whose per-request cost dominates at scale.
 """
 from __future__ import annotations
 
@@ -62,9 +64,53 @@ class CompactProcessor(Processor):
         self._sent: dict[tuple, tuple[int, float]] = {}  # (resource, scope, metric) -> (fingerprint, when forwarded)
         #: per signal: items passed on, filtered out by name, metrics held back as unchanged, and node items dropped
         #: because no job was known yet
+        self._pending: dict[Signal, tuple[Any, int]] = {}  # signal -> (merged request, items), under _lock
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
         self.stats: dict[str, dict[str, int]] = {
             s.value: {"kept": 0, "filtered": 0, "unchanged": 0, "unassigned": 0} for s in Signal}
 
+    # -- batching ---------------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        if self.config.batch_interval_s > 0:
+            self._thread = threading.Thread(target=self._run, name="otel-gpu-compact-flush", daemon=True)
+            self._thread.start()
+
+    def shutdown(self, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        self.flush()  # the exporters stop after the processors: what is waiting still goes out
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.config.batch_interval_s):
+            try:
+                self.flush()
+            except Exception:  # noqa: BLE001 - the flush clock must keep running
+                self.host.log_once("flush", logging.ERROR, "compact: flush failed (logged once)", exc_info=True)
+
+    def flush(self) -> None:
+        """Passes on every merged request that is waiting."""
+        with self._lock:
+            pending, self._pending = self._pending, {}
+        for signal, (request, _) in pending.items():
+            self.host.emit(Batch.from_message(signal, request))
+
+    def _enqueue(self, batch: Batch, items: int) -> Batch | None:
+        """Adds a kept batch to its signal's merged request; returns the merged request once it is full."""
+        with self._lock:
+            merged, count = self._pending.get(batch.signal, (None, 0))
+            if merged is None:
+                merged = batch.signal.request_type()()
+            merged.MergeFrom(batch.message)  # repeated resources are appended
+            count += items
+            if count < self.config.batch_max_items:
+                self._pending[batch.signal] = (merged, count)
+                return None
+            self._pending.pop(batch.signal, None)
+        return Batch.from_message(batch.signal, merged)
+
+    # -- filtering ----------------------------------------------------------------------------------------------------
     def jobs(self) -> list[str]:
         """The jobs node signals are stamped with now: the configured one, else those seen within job_idle_s."""
         if self.config.job_id:
@@ -140,10 +186,10 @@ class CompactProcessor(Processor):
                     continue
             plan.append((res, jobs, scopes))
             stats["kept"] += sum(len(k) for _, k in scopes) * (len(jobs) if jobs else 1)
-        if not changed:
-            return batch
         if not plan:
             return None
+        if not changed:
+            return self._out(batch, plan)
         out = signal.request_type()()
         out_resources = getattr(out, res_field)
         for res, jobs, scopes in plan:
@@ -161,7 +207,12 @@ class CompactProcessor(Processor):
                     if scope.schema_url:
                         s.schema_url = scope.schema_url
                     getattr(s, item_field).extend(kept)
-        return Batch.from_message(signal, out)
+        return self._out(Batch.from_message(signal, out), plan)
+
+    def _out(self, batch: Batch, plan) -> Batch | None:
+        if self.config.batch_interval_s <= 0:
+            return batch
+        return self._enqueue(batch, sum(len(k) for _, jobs, scopes in plan for _, k in scopes))
 
     def _metric_changed(self, key: tuple, metric, now: float) -> bool:
         """True when the metric's points differ from what was last forwarded, or the refresh time has come."""
