@@ -28,11 +28,13 @@ generator spent encoding requests), peak RSS (VmHWM of the process, generator in
 encoded and fed one node at a time) and the idle collector's RSS; CPU also split into steady state (seconds 10 to the
 hang) and the hang phase (no more steps). Floor (issue 7): 4,096 ranks on one core (CPU s per simulated s < 1.0, in
 steady state and overall) with peak RSS < 300 MB. Each size runs in its own process, so that VmHWM is its own.
-``--ranks-per-request 8`` merges a node's ranks into one request, as a batch processor in the routing tier would.
+``--ranks-per-request 8`` merges a node's ranks into one request, as the sidecar's batching does. ``--grpc-cost``
+measures what this leaves out: a collector's CPU per OTLP/gRPC request at the front door.
 
 Example:
     /work/venv/bin/python benchmarks/aggregator_scale.py                       # 1024, 4096, 16384 ranks, 60 s each
     /work/venv/bin/python benchmarks/aggregator_scale.py --ranks 4096 --seconds 30 --json
+    /work/venv/bin/python benchmarks/aggregator_scale.py --grpc-cost
 """
 from __future__ import annotations
 
@@ -328,6 +330,53 @@ def run_one(n_ranks: int, seconds: int, hang_at: float | None, node_refresh_s: i
     return result
 
 
+def grpc_request_cost(ranks_per_request: int, n_requests: int = 10_000, threads: int = 4) -> dict:
+    """Collector CPU per OTLP/gRPC request at the front door: an ``otel-gpu collector`` subprocess with only the OTLP
+    gRPC receiver and a ``debug`` exporter gets heartbeat requests of ``ranks_per_request`` ranks each."""
+    import threading
+
+    import grpc
+    from opentelemetry.proto.collector.logs.v1 import logs_service_pb2, logs_service_pb2_grpc
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from collector_proc import free_port, start_collector
+
+    port = free_port()
+    config = (f"receivers: {{otlp: {{grpc: {{endpoint: 127.0.0.1:{port}}}, http: null}}}}\n"
+              "exporters: {debug: {}}\n"
+              "service: {telemetry: {logs: {level: warning}}, pipelines: {logs: {receivers: [otlp], "
+              "exporters: [debug]}}}\n")
+    gen = _Generator(4096, time.time(), None, [])
+    raws = [b for b in (gen.log_bytes(r, 2 + r % 2) for r in range(4096)) if b]
+    reqs = [logs_service_pb2.ExportLogsServiceRequest.FromString(b"".join(raws[i:i + ranks_per_request]))
+            for i in range(0, len(raws), ranks_per_request)]
+    per_thread = max(1, n_requests // threads)
+
+    def cpu_s(pid: int) -> float:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def send(k: int) -> None:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = logs_service_pb2_grpc.LogsServiceStub(channel)
+            for i in range(per_thread):
+                stub.Export(reqs[(k * per_thread + i) % len(reqs)], timeout=10)
+
+    with start_collector(config, tempfile.mkdtemp(prefix="otel-gpu-grpccost-")) as collector:
+        send(0)  # warm up
+        c0 = cpu_s(collector.pid)
+        workers = [threading.Thread(target=send, args=(k,)) for k in range(threads)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        cpu = cpu_s(collector.pid) - c0
+    n = per_thread * threads
+    return {"ranks_per_request": ranks_per_request, "requests": n, "collector_cpu_s": round(cpu, 2),
+            "us_per_request": round(cpu / n * 1e6)}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ranks", type=int, nargs="*", default=[1024, 4096, 16384])
@@ -339,12 +388,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ranks-per-request", type=int, default=1, choices=range(1, RANKS_PER_NODE + 1),
                     metavar=f"1..{RANKS_PER_NODE}",
                     help="ranks of a node merged into one request (1: each rank's own export, as forwarded)")
+    ap.add_argument("--grpc-cost", action="store_true",
+                    help="instead: measure a collector's CPU per OTLP/gRPC request (1 and 8 ranks per request)")
     ap.add_argument("--json", action="store_true", help="print one JSON object per size")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     hang_at = args.hang_at if args.hang_at is not None else max(5.0, args.seconds - 25.0)
     if hang_at < 0:
         hang_at = None
+    if args.grpc_cost:
+        for k in (1, 8):
+            r = grpc_request_cost(k)
+            print(json.dumps(r) if args.json else f"OTLP/gRPC front door, {k} rank(s) per request: "
+                  f"{r['us_per_request']} us of collector CPU per request ({r['requests']} requests)", flush=True)
+        return 0
     if args.child:
         print(json.dumps(run_one(args.ranks[0], args.seconds, hang_at, args.node_refresh_s,
                                  args.ranks_per_request)))
