@@ -86,7 +86,7 @@ def _node_templates(tmp: Path):
     sysfs = FakeSysfs(tmp / "sys", {"infiniband": {f"mlx5_{i}": {"ports": {1: {}}} for i in range(8)},
                                      "net": {"eth0": {}}})
     del sysfs
-    compact = CompactProcessor(build(CompactConfig, {"job_id": JOB}, "processors.compact"),
+    compact = CompactProcessor(build(CompactConfig, {"job_id": JOB, "batch_interval_s": 0}, "processors.compact"),
                                ComponentHost("compact", telemetry))
     out = []
     for factory, settings in ((NVML, {"backend": "fake", "scenario": str(scenario), "nvlink_interval_s": 1.0,
