@@ -209,6 +209,8 @@ def test_renaming_a_metric_regenerates_its_queries(monkeypatch):
 
     old_gpu = gpu.UTILIZATION.prometheus_name
     old_step = training.STEP_DURATION.prometheus_name
+    # A copy of the table, so that undoing the rename also keeps the declaration order the generated docs follow.
+    monkeypatch.setattr(schema.REGISTRY, "metrics", dict(schema.REGISTRY.metrics))
     for module, const, new_name in ((gpu, "UTILIZATION", "hw.gpu.busy"), (training, "STEP_DURATION", "train.step.time")):
         old = getattr(module, const)
         renamed = dataclasses.replace(old, name=new_name)
@@ -233,6 +235,7 @@ def test_a_new_schema_metric_gets_a_panel_without_touching_the_generator(monkeyp
     from otel_gpu.schema import Metric
 
     new = Metric("hw.gpu.fan.speed", MetricType.GAUGE, "1", "Fan speed.", group="GPU health")
+    monkeypatch.setattr(schema.REGISTRY, "metrics", dict(schema.REGISTRY.metrics))
     monkeypatch.setitem(schema.REGISTRY.metrics, new.name, new)
     gpu = gen.build_all()["otel-gpu-gpu-health.json"]
     panels = [p for p in gpu["panels"] if p["title"] == new.name]
