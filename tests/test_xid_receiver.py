@@ -147,3 +147,31 @@ def test_config_errors_name_the_key(settings, message):
     with pytest.raises(ConfigError) as info:
         load_text(_yaml(settings))
     assert message in str(info.value)
+
+
+def test_an_endless_line_without_newline_is_skipped_and_memory_stays_bounded(tmp_path, monkeypatch, caplog):
+    """A file that is not a kernel log (one huge line, no newline) must not grow the follower's buffer forever; XID
+    lines after it are still read."""
+    import yaml
+
+    from otel_gpu.collector import registry
+    from otel_gpu.collector.config import load_text
+    from otel_gpu.collector.runtime import Collector
+
+    monkeypatch.setitem(registry.BUILTIN["exporter"], "capture", "otel_gpu.testing.capture")
+    log = tmp_path / "kern.log"
+    log.write_bytes(b"x" * 300_000)
+    config = {"receivers": {"xid": {"path": str(log), "from_beginning": True, "backend": "nvml",
+                                    "gpu_map": {"0000:3b:00.0": 2}, "poll_interval_s": 0.05}},
+              "exporters": {"capture": {}},
+              "service": {"pipelines": {"logs": {"receivers": ["xid"], "exporters": ["capture"]}}}}
+    collector = Collector(load_text(yaml.safe_dump(config)))
+    collector.start()
+    try:
+        with log.open("ab") as f:
+            f.write(b"\nNVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus.\n")
+        capture = collector.component("exporter", "capture")
+        assert capture.wait_for(lambda e: e.log_records(), timeout_s=5)
+    finally:
+        collector.shutdown()
+    assert "without a newline; it is skipped" in caplog.text  # the partial line was dropped, not kept growing

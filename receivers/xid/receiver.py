@@ -26,6 +26,7 @@ from otel_gpu.receivers.xid.parse import XidLine, parse_line, pci_key, pci_text
 __all__ = ["XidReceiver"]
 
 _logger = logging.getLogger(__name__)
+_MAX_LINE_BYTES = 65536  # kernel log records are at most a few KiB
 _SCOPE = "otel_gpu.receivers.xid"
 _KMSG = "/dev/kmsg"
 
@@ -161,6 +162,11 @@ class XidReceiver(Receiver):
                 *lines, buffer = buffer.split(b"\n")
                 for line in lines:
                     self.handle_line(line.decode(errors="replace"))
+                if len(buffer) > _MAX_LINE_BYTES:
+                    # No kernel log line is this long: not a log we can parse. Keep memory bounded.
+                    self.host.log_once("longline", logging.WARNING, "%s: %s has a line over %d bytes without a "
+                                       "newline; it is skipped", self.host.component_id, self.path, _MAX_LINE_BYTES)
+                    buffer = b""
                 continue
             try:
                 st = os.stat(self.path)
