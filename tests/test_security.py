@@ -712,3 +712,30 @@ def test_helm_secured_aggregator_link_works_end_to_end(tmp_path, monkeypatch):
     finally:
         agent.shutdown()
         aggregator.shutdown()
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_training_processes_reach_a_mutual_tls_receiver_through_the_standard_env_variables(pki, monkeypatch,
+                                                                                          protocol):
+    """OTEL_EXPORTER_OTLP_CERTIFICATE / _CLIENT_CERTIFICATE / _CLIENT_KEY, as the OTel SDK's exporters read them."""
+    from otel_gpu.instrumentation._export import OtlpClient
+
+    tls = {"cert_file": pki["server_cert"], "key_file": pki["server_key"], "client_ca_file": pki["ca"]}
+    receiver, keep = start_receiver({"grpc": {"endpoint": "127.0.0.1:0", "tls": tls},
+                                     "http": {"endpoint": "127.0.0.1:0", "tls": tls}})
+    port = receiver.grpc_port if protocol == "grpc" else receiver.http_port
+    try:
+        untrusting = OtlpClient(f"https://127.0.0.1:{port}", protocol=protocol, timeout_s=3, buffer_mib=0)
+        untrusting.send_traces(trace_body("refused"))
+        assert untrusting.sent == 0 and untrusting.failed >= 1  # no CA given: our private CA is not trusted
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_CERTIFICATE", pki["ca"])
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", pki["client_cert"])
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_CLIENT_KEY", pki["client_key"])
+        client = OtlpClient(f"https://127.0.0.1:{port}", protocol=protocol, timeout_s=3, buffer_mib=0)
+        assert client.send_traces(trace_body("delivered"))
+        assert client.sent == 1
+        names = [s.name for b in keep.batches for rs in b.message.resource_spans for ss in rs.scope_spans
+                 for s in ss.spans]
+        assert names == ["delivered"]
+    finally:
+        receiver.shutdown()

@@ -150,6 +150,28 @@ def _permanent(exc: BaseException) -> bool:
 _DRAIN_BUDGET_S = 1.0  # longest one call spends re-sending the buffer (the watchdog's heartbeats go through here)
 
 
+def _tls_files_from_env() -> tuple[str, str, str]:
+    """(CA, client certificate, client key) file paths from the standard OTEL_EXPORTER_OTLP_* variables ("" when unset).
+    The traces-specific variables win, as the OTel SDK's exporters do."""
+    out = []
+    for name in ("CERTIFICATE", "CLIENT_CERTIFICATE", "CLIENT_KEY"):
+        out.append(os.environ.get(f"OTEL_EXPORTER_OTLP_TRACES_{name}") or os.environ.get(f"OTEL_EXPORTER_OTLP_{name}")
+                   or "")
+    return out[0], out[1], out[2]
+
+
+def _read_file(path: str) -> bytes | None:
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        _logger.warning("otel-gpu: cannot read %s (%s); TLS to the collector will use the system defaults", path,
+                        exc.strerror)
+        return None
+
+
 class OtlpClient:
     """Sends export requests over OTLP gRPC (or HTTP/protobuf), buffering them while the collector is down.
     Thread-safe; never raises.
@@ -182,6 +204,8 @@ class OtlpClient:
         self._backoff_s = 0.5
         self._warned = False
         self._channel = None
+        self._tls = _tls_files_from_env()
+        self._ssl_context = None
         self._trace_stub = None
         self._logs_stub = None
 
@@ -210,8 +234,12 @@ class OtlpClient:
             opts = [("grpc.max_send_message_length", 32 * 1024 * 1024), ("grpc.enable_retries", 0),
                     ("grpc.initial_reconnect_backoff_ms", 500), ("grpc.min_reconnect_backoff_ms", 500),
                     ("grpc.max_reconnect_backoff_ms", 1000)]
-            self._channel = (grpc.secure_channel(target, grpc.ssl_channel_credentials(), options=opts) if secure
-                             else grpc.insecure_channel(target, options=opts))
+            if secure:
+                ca, cert, key = (_read_file(f) for f in self._tls)
+                creds = grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
+                self._channel = grpc.secure_channel(target, creds, options=opts)
+            else:
+                self._channel = grpc.insecure_channel(target, options=opts)
             self._trace_stub = trace_service_pb2_grpc.TraceServiceStub(self._channel)
             self._logs_stub = logs_service_pb2_grpc.LogsServiceStub(self._channel)
             # the same methods taking pre-serialized request bytes
@@ -225,6 +253,21 @@ class OtlpClient:
                 "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export", request_serializer=None,
                 response_deserializer=None)
         return self._trace_stub, self._logs_stub
+
+    def _https_context(self, url: str):
+        """The TLS context of OTLP/HTTP: OTEL_EXPORTER_OTLP_CERTIFICATE (trusted CA) and the client certificate and key
+        of mutual TLS, when set; None (urllib's default) otherwise."""
+        if not url.startswith("https://") or not any(self._tls):
+            return None
+        if self._ssl_context is None:
+            import ssl
+
+            ca, cert, key = self._tls
+            ctx = ssl.create_default_context(cafile=ca or None)
+            if cert:
+                ctx.load_cert_chain(cert, key or None)
+            self._ssl_context = ctx
+        return self._ssl_context
 
     @property
     def buffer_requests(self) -> int:
@@ -241,7 +284,7 @@ class OtlpClient:
                     url = "http://" + url
                 req = urllib.request.Request(url + f"/v1/{signal}", data=data, method="POST",
                                              headers={"Content-Type": "application/x-protobuf", **self.headers})
-                with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+                with urllib.request.urlopen(req, timeout=self.timeout_s, context=self._https_context(url)) as resp:
                     resp.read()
             else:
                 self._grpc_stubs()
