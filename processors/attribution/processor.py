@@ -22,6 +22,7 @@ from opentelemetry.proto.metrics.v1 import metrics_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
 
 from otel_gpu.component import Processor
+from otel_gpu.otlp_build import attributes
 from otel_gpu.pdata import Batch, Signal
 from otel_gpu.processors.attribution._engine import Engine, EngineSettings
 from otel_gpu.processors.attribution._observations import (ExceptionSeen, ExitSeen, GpuSample, Heartbeat, Identity,
@@ -468,18 +469,8 @@ def _float(v: Any) -> float | None:
 
 
 def _kv(target, key: str, value: Any) -> None:
-    kv = target.add(key=key)
-    if isinstance(value, bool):
-        kv.value.bool_value = value
-    elif isinstance(value, int):
-        kv.value.int_value = value
-    elif isinstance(value, float):
-        kv.value.double_value = value
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            kv.value.array_value.values.add(string_value=str(item))
-    else:
-        kv.value.string_value = str(value)
+    """Appends one attribute (lists become arrays) to a repeated KeyValue field."""
+    target.extend(attributes({key: value}))
 
 
 def _failure_kvs(record: FailureRecord) -> list[KeyValue]:

@@ -17,6 +17,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 
 from otel_gpu.component import Processor
+from otel_gpu.otlp_build import attributes
 from otel_gpu.pdata import Batch, Signal
 from otel_gpu.processors.goodput._ledger import JobLedger
 from otel_gpu.schema import failure as F
@@ -174,8 +175,9 @@ class GoodputProcessor(Processor):
             self.host.emit(Batch.from_message(Signal.LOGS, _events(summaries)))
 
 
-def _kv(target, key: str, value: str) -> None:
-    target.add(key=key).value.string_value = value
+def _kv(target, key: str, value: Any) -> None:
+    """Appends one attribute (lists become arrays) to a repeated KeyValue field."""
+    target.extend(attributes({key: value}))
 
 
 def _metrics(summaries: list[dict]) -> ExportMetricsServiceRequest:
