@@ -339,3 +339,55 @@ service: {pipelines: {traces: {receivers: [otlp, otlp/compat], exporters: [debug
         load_text(text.replace('endpoint: "127.0.0.1:0"', "max_recv_msg_size_mib: lots"))
     with pytest.raises(ConfigError, match="enable at least one protocol"):
         load_text(text.replace('{grpc: {endpoint: "127.0.0.1:0"}, http: null}', "{grpc: null, http: null}"))
+
+
+def test_http_connections_beyond_max_connections_get_503_and_the_server_recovers():
+    """Idle or hostile connections cannot grow the collector by a thread each without bound."""
+    import time
+    import urllib.error
+    import urllib.request
+
+    from otel_gpu.collector.registry import load_factory
+    from otel_gpu.pdata import Signal as _Signal
+
+    class _Keep:
+        def __init__(self):
+            self.batches = []
+
+        def consume(self, batch):
+            self.batches.append(batch)
+
+    factory = load_factory("receiver", "otlp")
+    cfg = build(factory.config_class, {"grpc": None, "http": {"endpoint": "127.0.0.1:0", "max_connections": 2,
+                                                             "read_timeout_s": 5}}, "receivers.otlp")
+    keep = _Keep()
+    receiver = factory.create(cfg, ComponentHost("otlp", PrometheusSelfTelemetry(), {s: keep for s in _Signal}))
+    receiver.start()
+    idle = []
+    try:
+        for _ in range(2):  # two clients that connect and send nothing: both serving threads are taken
+            idle.append(socket.create_connection(("127.0.0.1", receiver.http_port), timeout=5))
+        time.sleep(0.3)
+        third = socket.create_connection(("127.0.0.1", receiver.http_port), timeout=5)
+        answer = third.recv(200)
+        third.close()
+        assert answer.startswith(b"HTTP/1.1 503") and b"Retry-After: 1" in answer
+        for s in idle:
+            s.close()
+        deadline = time.monotonic() + 5
+        while True:  # the idle connections' threads end; a real request is served again
+            body = trace_service_pb2.ExportTraceServiceRequest().SerializeToString()
+            req = urllib.request.Request(f"http://127.0.0.1:{receiver.http_port}/v1/traces", data=body,
+                                         headers={"Content-Type": "application/x-protobuf"}, method="POST")
+            try:
+                with urllib.request.urlopen(req, timeout=5) as resp:
+                    assert resp.status == 200
+                break
+            except urllib.error.HTTPError as exc:
+                assert exc.code == 503 and time.monotonic() < deadline
+                time.sleep(0.1)
+        assert len(keep.batches) == 1
+    finally:
+        for s in idle:
+            s.close()
+        receiver.shutdown(2.0)

@@ -45,6 +45,46 @@ class _Server(ThreadingHTTPServer):
     def handle_error(self, request, client_address) -> None:
         _logger.debug("OTLP/HTTP: error serving %s", client_address, exc_info=True)
 
+    # One thread per connection, up to max_connections: past that a client gets 503 with Retry-After at once,
+    # instead of the collector growing a thread per idle or hostile connection.
+    max_connections: int = 256
+    _open = 0
+    _open_lock = threading.Lock()
+    _warned_full = False
+
+    def process_request(self, request, client_address) -> None:
+        with self._open_lock:
+            full = self._open >= self.max_connections
+            if not full:
+                self._open += 1
+        if full:
+            if getattr(self, "ssl_context", None) is None:  # (a TLS client cannot read a plaintext answer: just close)
+                try:
+                    request.settimeout(1.0)
+                    request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Length: 0\r\n"
+                                    b"Connection: close\r\n\r\n")
+                except OSError:
+                    pass
+            self.shutdown_request(request)
+            if not self._warned_full:
+                self._warned_full = True
+                _logger.warning("OTLP/HTTP: %d connections open; refusing more with 503 until some close "
+                                "(http.max_connections; logged once)", self.max_connections)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            with self._open_lock:
+                self._open -= 1
+            raise
+
+    def process_request_thread(self, request, client_address) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            with self._open_lock:
+                self._open -= 1
+
 
 class _TlsServer(_Server):
     """Wraps each accepted connection in TLS on its own handler thread, so that a slow or broken handshake never
@@ -71,7 +111,7 @@ class _TlsServer(_Server):
 
 class HttpServer:
     def __init__(self, host: str, port: int, max_body_bytes: int, read_timeout_s: float, signals: list[Signal],
-                 receiver, *, ssl_context: ssl.SSLContext | None = None, authorize=None):
+                 receiver, *, ssl_context: ssl.SSLContext | None = None, authorize=None, max_connections: int = 256):
         self.max_body_bytes = max_body_bytes
         self.authorize = authorize  # (Authorization header or None) -> bool
         self.receiver = receiver
@@ -83,6 +123,8 @@ class HttpServer:
         base = _Server if ssl_context is None else type(
             "OtlpHttpsServer", (_TlsServer,), {"ssl_context": ssl_context, "handshake_timeout_s": read_timeout_s})
         server_cls = type("OtlpHttpServer6", (base,), {"address_family": socket.AF_INET6}) if ":" in host else base
+        server_cls = type(server_cls.__name__, (server_cls,), {"max_connections": max_connections, "_open": 0,
+                                                                 "_open_lock": threading.Lock()})
         try:
             self._server = server_cls((host, port), handler)
         except OSError as exc:

@@ -44,6 +44,7 @@ class HttpServerConfig:
     endpoint: str = "127.0.0.1:4318"
     max_request_body_size_mib: float = 16.0
     read_timeout_s: float = 30.0  # a client that stops sending mid-body is dropped after this
+    max_connections: int = 256  # open connections served at once (one thread each); more get 503 + Retry-After
     tls: ServerTlsConfig | None = None
     auth: BearerAuthConfig | None = None
 
@@ -53,6 +54,8 @@ class HttpServerConfig:
             raise ValueError(f"max_request_body_size_mib must be > 0 (got {self.max_request_body_size_mib})")
         if self.read_timeout_s <= 0:
             raise ValueError(f"read_timeout_s must be > 0 (got {self.read_timeout_s})")
+        if self.max_connections < 1:
+            raise ValueError(f"max_connections must be >= 1 (got {self.max_connections})")
 
 
 @dataclass

@@ -112,7 +112,8 @@ class OtlpReceiver(Receiver):
                 self._http = HttpServer(
                     host, port, int(cfg.http.max_request_body_size_mib * _MIB), cfg.http.read_timeout_s, signals, self,
                     ssl_context=server_ssl_context(cfg.http.tls, "http.tls") if cfg.http.tls else None,
-                    authorize=BearerChecker(cfg.http.auth, "http.auth.bearer_token").check if cfg.http.auth else None)
+                    authorize=BearerChecker(cfg.http.auth, "http.auth.bearer_token").check if cfg.http.auth else None,
+                    max_connections=cfg.http.max_connections)
                 self._http.start()
                 self.http_port = self._http.port
                 _logger.info("%s: OTLP/HTTP listening on %s://%s%s (%s)", self.host.component_id,
