@@ -81,6 +81,10 @@ class ExitWatcher:
         self.reported: dict[int, dict] = {}
         self._dead_since: dict[int, float] = {}
 
+    def pending(self) -> bool:
+        """Some process is gone but not yet reported (waiting for its record within the grace period)."""
+        return any(pid not in self.reported for pid in self._dead_since)
+
     def scan(self, final: bool = False, direct: tuple[int, int] | None = None) -> list[dict]:
         """New exit reports. ``direct`` is (pid, returncode) of the launched command once it ended."""
         from otel_gpu.instrumentation import _registry
@@ -132,6 +136,7 @@ class ExitWatcher:
                 rep["how"] = "exception" if exc is not None else "exited"
             if (info.get("role") == "python" and info.get("rank") is None and pid != (direct or (0,))[0]
                     and not rep.get("signal") and rep.get("code") in (0, None) and exc is None):
+                rep["how"] = None  # not printed either
                 self.reported[pid] = rep  # a helper process (mp.spawn's parent, resource tracker): not worth a record
                 continue
             if ended is None and signalled is None and rep["source"] == "waitpid" and not rep["signal"]:
@@ -210,7 +215,15 @@ def run(cmd: list[str], endpoint: str | None = None, job_id: str | None = None, 
                 break
             except subprocess.TimeoutExpired:
                 _send(client, identity, watcher.scan())
-        _send(client, identity, watcher.scan(final=True, direct=(proc.pid, rc)))
+        # A process that just ended may get its record a moment after its pid is gone (its parent writes it after
+        # reaping it): give such processes the grace period before calling them vanished.
+        direct = (proc.pid, rc)
+        deadline = time.monotonic() + watcher.grace_s
+        _send(client, identity, watcher.scan(direct=direct))
+        while watcher.pending() and time.monotonic() < deadline:
+            time.sleep(0.1)
+            _send(client, identity, watcher.scan(direct=direct))
+        _send(client, identity, watcher.scan(final=True, direct=direct))
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
