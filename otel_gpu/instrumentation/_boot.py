@@ -5,8 +5,6 @@ process is instrumented as soon as it imports torch, so processes that never imp
 """
 from __future__ import annotations
 
-import importlib.abc
-import importlib.util
 import logging
 import os
 import sys
@@ -38,30 +36,6 @@ def _instrument_now() -> None:
         sys.stderr.write(f"otel-gpu: auto-instrumentation failed ({exc!r})\n")
 
 
-class _AfterTorchImport(importlib.abc.MetaPathFinder):
-    """Instruments right after ``import torch`` finishes (once)."""
-
-    def find_spec(self, name, path=None, target=None):
-        if name != "torch":
-            return None
-        try:
-            sys.meta_path.remove(self)
-        except ValueError:
-            pass
-        spec = importlib.util.find_spec(name)
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        loader = spec.loader
-        orig_exec = loader.exec_module
-
-        def exec_module(module):
-            orig_exec(module)
-            _instrument_now()
-
-        loader.exec_module = exec_module
-        return spec
-
-
 def boot() -> None:
     folder = os.environ.get("OTEL_GPU_REGISTRY")
     argv = list(getattr(sys, "orig_argv", None) or sys.argv)
@@ -74,4 +48,6 @@ def boot() -> None:
     if "torch" in sys.modules:
         _instrument_now()
     else:
-        sys.meta_path.insert(0, _AfterTorchImport())
+        from otel_gpu.instrumentation import _AfterImport  # (the package is already loaded: _registry is in it)
+
+        sys.meta_path.insert(0, _AfterImport("torch", lambda _module: _instrument_now()))

@@ -180,26 +180,32 @@ def _kv(target, key: str, value: Any) -> None:
     target.extend(attributes({key: value}))
 
 
+def _job_resource(resource, job_id: str) -> None:
+    _kv(resource.attributes, str(I.JOB_ID), job_id)
+    _kv(resource.attributes, str(I.SERVICE_NAME), "otel-gpu")
+
+
+def _cumulative_sum(sm, metric):
+    m = sm.metrics.add(name=metric.name, unit=metric.unit, description=metric.description)
+    m.sum.is_monotonic = True
+    m.sum.aggregation_temporality = metrics_pb2.AGGREGATION_TEMPORALITY_CUMULATIVE
+    return m
+
+
 def _metrics(summaries: list[dict]) -> ExportMetricsServiceRequest:
     req = ExportMetricsServiceRequest()
     now = time.time_ns()
     for s in summaries:
         rm = req.resource_metrics.add()
-        _kv(rm.resource.attributes, str(I.JOB_ID), s["job_id"])
-        _kv(rm.resource.attributes, str(I.SERVICE_NAME), "otel-gpu")
+        _job_resource(rm.resource, s["job_id"])
         sm = rm.scope_metrics.add()
         sm.scope.name = "otel_gpu.processors.goodput"
         if s["ettr"] is not None:
             m = sm.metrics.add(name=F.ETTR.name, unit=F.ETTR.unit, description=F.ETTR.description)
             m.gauge.data_points.add(time_unix_nano=now, as_double=s["ettr"])
         for metric, value in ((F.PRODUCTIVE_TIME, s["productive_time_s"]), (F.WALL_TIME, s["wall_time_s"])):
-            m = sm.metrics.add(name=metric.name, unit=metric.unit, description=metric.description)
-            m.sum.is_monotonic = True
-            m.sum.aggregation_temporality = metrics_pb2.AGGREGATION_TEMPORALITY_CUMULATIVE
-            m.sum.data_points.add(time_unix_nano=now, as_double=value)
-        m = sm.metrics.add(name=F.BADPUT.name, unit=F.BADPUT.unit, description=F.BADPUT.description)
-        m.sum.is_monotonic = True
-        m.sum.aggregation_temporality = metrics_pb2.AGGREGATION_TEMPORALITY_CUMULATIVE
+            _cumulative_sum(sm, metric).sum.data_points.add(time_unix_nano=now, as_double=value)
+        m = _cumulative_sum(sm, F.BADPUT)
         for bucket, seconds in s["badput_s"].items():
             p = m.sum.data_points.add(time_unix_nano=now, as_double=seconds)
             _kv(p.attributes, str(F.BADPUT_BUCKET), bucket)
@@ -211,8 +217,7 @@ def _events(summaries: list[dict]) -> ExportLogsServiceRequest:
     now = time.time_ns()
     for s in summaries:
         rl = req.resource_logs.add()
-        _kv(rl.resource.attributes, str(I.JOB_ID), s["job_id"])
-        _kv(rl.resource.attributes, str(I.SERVICE_NAME), "otel-gpu")
+        _job_resource(rl.resource, s["job_id"])
         sl = rl.scope_logs.add()
         sl.scope.name = "otel_gpu.processors.goodput"
         log = sl.log_records.add(time_unix_nano=now, observed_time_unix_nano=now, severity_number=9,
