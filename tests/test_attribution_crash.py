@@ -173,3 +173,15 @@ def test_a_crash_is_named_fast_and_revised_when_the_culprits_own_report_comes_la
     rec = final[0]
     assert (rec.root_cause.value, rec.culprit.rank) == ("rank_process_died", culprit), [
         (r.root_cause.value, r.culprit.rank, r.version) for _, r in found]
+
+
+def test_a_job_stopped_on_purpose_is_no_crash_even_when_the_stop_signals_arrive_spread_out():
+    c = Cluster(world=4)
+    order = random.Random(5).sample(range(4), 4)
+    c.engine.observe_exit(ExitSeen(c.who(order[0]), T0 + 10, -15, "SIGTERM"), T0 + 10)
+
+    def feed(t):
+        for i, r in enumerate(order[1:]):
+            if abs(t - (T0 + 10.6 + 0.3 * i)) < 0.05:
+                c.engine.observe_exit(ExitSeen(c.who(r), T0 + 10.1, -15, "SIGTERM"), t)
+    assert c.run(T0 + 10, T0 + 20, feed, dt=0.1) == []

@@ -286,7 +286,13 @@ class Engine:
                 # More reports came (the culprit's own exit often comes after its peers' errors): decide again.
                 v.crash_reports = job.crash_reports
                 again = _crash.decide_crash(self, job, now)
-                if again is not None and _better(again, v.finding):
+                if again is None:  # every rank was stopped on purpose after all: no crash
+                    finding = dataclasses.replace(v.finding, summary="withdrawn: every rank was stopped on purpose; "
+                                                  + v.finding.summary)
+                    out.append(self._revise(job, v, finding, now, withdrawn=True))
+                    job.finished = True
+                    continue
+                if _better(again, v.finding):
                     out.append(self._revise(job, v, again, now))
                     keep.append(v)
                     continue
@@ -357,9 +363,13 @@ class Engine:
                 if finding is None:
                     job.finished = True  # stopped on purpose (every rank got SIGTERM/SIGINT): nothing to name
                     continue
-                if finding.cause is RootCause.UNKNOWN and not job.incident_extended:
-                    job.incident_extended = True  # wait once more for the exit of the rank that died
-                    job.incident_deadline = now + self.settings.crash_settle_s
+                if not job.incident_extended and (finding.cause is RootCause.UNKNOWN or _only_stopped(job)):
+                    # Wait once more: for the exit of the rank that died, or for the other ranks' reports when all
+                    # that came is a stop signal (a launcher or scheduler stops every rank; one alone is rare).
+                    job.incident_extended = True
+                    job.incident_deadline = now + self.settings.crash_settle_s * (
+                        1 if finding.cause is RootCause.UNKNOWN else 3)
+                    self.incident_opened = True
                     continue
             else:
                 finding = _hang.decide_hang(self, job, now) or _hang.decide_silent(self, job, now)
@@ -375,4 +385,13 @@ def _better(new: Finding, old: Finding) -> bool:
     if (new.cause, new.rank) == (old.cause, old.rank):
         return False
     return old.cause is RootCause.UNKNOWN or new.confidence >= old.confidence or new.onset < old.onset
+
+
+def _only_stopped(job: JobState) -> bool:
+    """Every failure so far is a stop signal (SIGTERM/SIGINT/SIGHUP) with no exception, and not every rank reported."""
+    failed = [r for r in job.ranks.values() if r.failed()]
+    if not failed or any(r.exception is not None or r.exit is None or r.exit.signal not in _crash.STOP_SIGNALS
+                         for r in failed):
+        return False
+    return not job.world_size or len(failed) < job.world_size
 

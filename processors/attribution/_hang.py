@@ -12,8 +12,8 @@ What the end of the chain is doing decides the cause:
 - in a checkpoint (a checkpoint span, ``torch.save``, ``torch.distributed.checkpoint`` on its stack): busy, not a
   hang, until ``checkpoint_timeout_s``; then ``checkpoint_stall``;
 - waiting for data: ``dataloader_stall``;
-- not a single collective started yet (importing, reading its data set, building its model): starting, not hung,
-  until ``startup_timeout_s``;
+- before its first step (importing, reading its data set, building its model): starting, not hung, until
+  ``startup_timeout_s``;
 - anywhere else (asleep, a lock, a loop): ``rank_not_in_collective``; user code on top of its stack makes it the
   user's to fix. The decision waits up to ``stack_grace_s`` for a fresh stack, then goes out without one;
 - never reported: ``rank_not_in_collective`` with what is known.
@@ -256,8 +256,9 @@ def _chain_end(engine: Engine, job: JobState, ends: list[int], roots: list[RankS
     if culprit.last_seen < now - s.heartbeat_timeout_s / 2:
         return None  # it stopped reporting: gone or frozen, a crash or a lost node (decide_silent)
     silent = False
-    if not silent and hb is not None and not any(hb.last_started_seq.values()) and now - onset < s.startup_timeout_s:
-        return None  # it has not started any collective yet: still importing, loading, building its model
+    starting = hb is not None and (not any(hb.last_started_seq.values()) or (not hb.step and not job.step_done))
+    if starting and now - onset < s.startup_timeout_s:
+        return None  # before its first step: still importing, loading its data, building its model
     if _in_checkpoint(culprit):
         busy_for = now - onset
         if busy_for < s.checkpoint_timeout_s and not silent:
