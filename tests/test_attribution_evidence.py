@@ -116,3 +116,11 @@ def test_the_rank_gpu_is_found_by_uuid_before_pid_and_index():
     ev.observe_gpu(GpuSample("n0", "1", T0, uuid="GPU-a"))  # CUDA_VISIBLE_DEVICES=1: CUDA index 0 is NVML index 1
     assert ev.rank_gpu(Identity("j", 0, host="n0", local_rank=0, gpu="0", gpu_uuid="GPU-a")).gpu == "1"
     assert ev.rank_gpu(Identity("j", 0, host="n0", local_rank=0, gpu="0")).gpu == "0"
+
+
+def test_the_interfaces_a_rank_names_are_parsed_as_nccl_and_gloo_write_them():
+    from otel_gpu.processors.attribution.processor import _ifaces
+    assert _ifaces("eth0") == frozenset({"eth0"})
+    assert _ifaces("=mlx5_0:1,mlx5_1") == frozenset({"mlx5_0", "mlx5_1"})
+    assert _ifaces(["ib0", " eth2 "]) == frozenset({"ib0", "eth2"})
+    assert _ifaces("^mlx5_2") is None and _ifaces("") is None

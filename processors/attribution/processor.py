@@ -85,10 +85,9 @@ def _identity(res: dict[str, Any]) -> Identity | None:
                     gpu_uuid=str(uuid) if uuid else None, net_ifaces=_ifaces(res.get(NET_INTERFACES)))
 
 
-#: Resource attribute: the network interfaces / HCAs a rank communicates over (GLOO_SOCKET_IFNAME,
-#: NCCL_SOCKET_IFNAME, NCCL_IB_HCA; comma-separated text or a string array). Only those ports can be network evidence
-#: for the job; without it, the ports that were up when the job started.
-NET_INTERFACES = "training.net.interfaces"
+#: The network interfaces / HCAs a rank communicates over: only their ports can be network evidence for the job;
+#: without it, the ports that were up when the job started.
+NET_INTERFACES = str(I.NET_INTERFACES)
 
 
 def _ifaces(value: Any) -> frozenset[str] | None:
