@@ -198,7 +198,7 @@ def test_every_listener_binds_loopback_by_default():
         for key, endpoint in _endpoints(spec.config, f"{spec.kind}s.{spec.id}"):
             checked.append(key)
             assert _host(endpoint) in LOOPBACK, f"default config: {key} = {endpoint}"
-    assert default.telemetry.metrics_address == ""
+    assert default.telemetry.metrics.addresses() == []
     assert {"receivers.otlp.grpc.endpoint", "receivers.otlp.http.endpoint",
             "exporters.prometheus.endpoint"} <= set(checked), checked
 
