@@ -153,7 +153,8 @@ class TelemetryConfig:
 
     @property
     def log_level(self) -> str:
-        return self.logs.python_level
+        """The Python logging level name, lower case (``warn`` -> ``warning``)."""
+        return self.logs.python_level.lower()
 
 
 @dataclass
