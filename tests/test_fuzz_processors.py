@@ -217,7 +217,7 @@ def _host(cid: str) -> ComponentHost:
 
 @pytest.fixture(scope="module")
 def attribution():
-    proc = ATTRIBUTION.create(build(ATTRIBUTION.config_class, {"tick_interval_s": 3600}, "processors.attribution"),
+    proc = ATTRIBUTION.create(build(ATTRIBUTION.config_class, {"tick_interval": "1h"}, "processors.attribution"),
                               _host("attribution"))
     yield proc
     proc.shutdown(1)
@@ -225,7 +225,7 @@ def attribution():
 
 @pytest.fixture(scope="module")
 def goodput():
-    proc = GOODPUT.create(build(GOODPUT.config_class, {"report_interval_s": 3600}, "processors.goodput"),
+    proc = GOODPUT.create(build(GOODPUT.config_class, {"report_interval": "1h"}, "processors.goodput"),
                           _host("goodput"))
     yield proc
     proc.shutdown(1)
@@ -266,7 +266,7 @@ DEEP = (100, 5000)
 
 
 def test_store_exporter_takes_hostile_batches_and_still_writes_the_valid_ones(tmp_path, errors):
-    store = STORE.create(build(STORE.config_class, {"path": str(tmp_path), "flush_interval_s": 0.05},
+    store = STORE.create(build(STORE.config_class, {"path": str(tmp_path), "flush_interval": "50ms"},
                                "exporters.store"), _host("store"))
     store.start()
     examples: list[Batch] = []

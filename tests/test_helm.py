@@ -267,17 +267,17 @@ def test_full_values_reach_the_manifests():
 
 def test_backend_without_aggregator_is_fed_by_the_agent():
     manifests, _ = render({"backend": {"otlp": {"endpoint": "jaeger-collector.tracing.svc:4317",
-                                                "settings": {"timeout_s": 5}}}})
+                                                "settings": {"timeout": "5s"}}}})
     cfg = _agent_config(manifests)
-    assert cfg["exporters"]["otlp/backend"] == {"endpoint": "jaeger-collector.tracing.svc:4317", "timeout_s": 5}
+    assert cfg["exporters"]["otlp/backend"] == {"endpoint": "jaeger-collector.tracing.svc:4317", "timeout": "5s"}
     assert cfg["service"]["pipelines"]["traces"]["exporters"] == ["store", "otlp/backend"]
 
 
 def test_agent_config_overlay_merges_maps_and_replaces_lists():
-    manifests, _ = render({"agent": {"config": {"receivers": {"nvml": {"interval_s": 2}},
+    manifests, _ = render({"agent": {"config": {"receivers": {"nvml": {"interval": "2s"}},
                                                 "service": {"telemetry": {"logs": {"level": "debug"}}}}}})
     cfg = _agent_config(manifests)
-    assert cfg["receivers"]["nvml"] == {"interval_s": 2, "host_name": "${env:NODE_NAME}"}
+    assert cfg["receivers"]["nvml"] == {"interval": "2s", "host_name": "${env:NODE_NAME}"}
     assert cfg["receivers"]["otlp"]["grpc"]["endpoint"] == "0.0.0.0:4317"  # untouched keys stay
     assert cfg["service"]["telemetry"]["logs"]["level"] == "debug"
     assert cfg["service"]["pipelines"]["metrics"]["exporters"] == ["prometheus", "store"]

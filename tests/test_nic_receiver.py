@@ -64,7 +64,7 @@ class _Run:
 
 
 def _run(fs: FakeSysfs, **settings) -> _Run:
-    return _Run({"sysfs_root": str(fs.root), "interval_s": 0.05, "host_name": "node-a", **settings})
+    return _Run({"sysfs_root": str(fs.root), "interval": "50ms", "host_name": "node-a", **settings})
 
 
 def test_ib_and_ethernet_counters_are_exported_in_bytes_with_attributes(fs):
@@ -195,15 +195,15 @@ def test_scenario_timeline_drives_symbol_errors_and_rates(tmp_path):
 
 def test_missing_sysfs_root_is_said_once_and_the_collector_runs_on(tmp_path, caplog):
     with caplog.at_level(logging.INFO):
-        with _Run({"sysfs_root": str(tmp_path / "nope"), "interval_s": 0.05, "rescan_interval_s": 0.05}) as run:
+        with _Run({"sysfs_root": str(tmp_path / "nope"), "interval": "50ms", "rescan_interval": "50ms"}) as run:
             time.sleep(0.3)
             assert run.exporter.of(Signal.METRICS) == []
     assert sum("does not exist" in r.getMessage() for r in caplog.records) == 1
 
 
 @pytest.mark.parametrize("settings, message", [
-    ({"interval_s": 0}, "receivers.nic.interval_s must be > 0 (got 0.0)"),
-    ({"rescan_interval_s": -1}, "receivers.nic.rescan_interval_s must be > 0"),
+    ({"interval": "0s"}, "receivers.nic.interval must be > 0 (got 0.0)"),
+    ({"rescan_interval": "-1s"}, "receivers.nic.rescan_interval must be > 0"),
     ({"sysfs_root": ""}, "receivers.nic.sysfs_root must not be empty"),
     ({"infiniband": False, "ethernet": False}, "receivers.nic.infiniband: and ethernet: are both false"),
     ({"hw_counters": "out_of_buffer"}, "receivers.nic.hw_counters: expected a list"),

@@ -60,8 +60,8 @@ class _Running:
 
 
 def _fake(tmp_path, scenario: dict, **settings) -> _Running:
-    base = {"backend": "fake", "scenario": _scenario(tmp_path, scenario), "interval_s": 0.05,
-            "nvlink_interval_s": 0.05, "host_name": "node-a"}
+    base = {"backend": "fake", "scenario": _scenario(tmp_path, scenario), "interval": "50ms",
+            "nvlink_interval": "50ms", "host_name": "node-a"}
     return _Running(_config({**base, **settings}))
 
 
@@ -247,22 +247,24 @@ def test_backend_auto_without_a_driver_degrades_the_same_way(caplog):
         pynvml.nvmlShutdown()
         pytest.skip("this machine has an NVIDIA driver: the degraded mode is tested with the fake")
     with caplog.at_level(logging.INFO):
-        with _Running(_config({"interval_s": 0.05})) as run:  # backend: auto is the default
+        with _Running(_config({"interval": "50ms"})) as run:  # backend: auto is the default
             time.sleep(0.2)
             assert run.exporter.batches == []
     assert sum(NOT_FOUND_LINE in r.getMessage() for r in caplog.records) == 1
 
 
 @pytest.mark.parametrize("settings, message", [
-    ({"interval_s": 0}, "receivers.nvml.interval_s must be > 0 (got 0.0)"),
-    ({"interval_s": -1}, "receivers.nvml.interval_s must be > 0 (got -1.0)"),
-    ({"interval_s": "fast"}, "receivers.nvml.interval_s: expected a number"),
+    ({"interval": "0s"}, "receivers.nvml.interval must be > 0 (got 0.0)"),
+    ({"interval": "-1s"}, "receivers.nvml.interval must be > 0 (got -1.0)"),
+    ({"interval": "fast"}, "receivers.nvml.interval: not a duration"),
+    ({"interval": 2}, "receivers.nvml.interval: expected a duration such as 5s"),
+    ({"interval_s": 2}, "receivers.nvml.interval_s was renamed: write interval: 2s"),
     ({"backend": "dcgm"}, "receivers.nvml.backend must be one of auto, nvml, fake (got 'dcgm')"),
     ({"backend": "fake"}, "receivers.nvml.scenario: required with backend: fake"),
     ({"backend": "fake", "scenario": "/nonexistent.yaml"}, "receivers.nvml.scenario: no such file"),
-    ({"nvlink_interval_s": -2}, "receivers.nvml.nvlink_interval_s must be >= 0"),
+    ({"nvlink_interval": "-2s"}, "receivers.nvml.nvlink_interval must be >= 0"),
     ({"devices": [0, -1]}, "receivers.nvml.devices[1] must be an NVML index >= 0"),
-    ({"intervall_s": 1}, "receivers.nvml.intervall_s: unknown setting (did you mean 'interval_s'?"),
+    ({"intervall": "1s"}, "receivers.nvml.intervall: unknown setting (did you mean 'interval'?"),
 ])
 def test_config_errors_name_the_key(settings, message):
     with pytest.raises(ConfigError) as info:

@@ -189,7 +189,7 @@ def test_resource_to_telemetry_conversion_off_accepts_collector_form():
 
 
 def test_series_expire():
-    exp, _ = make_exporter(metric_expiration_s=1.0)
+    exp, _ = make_exporter(metric_expiration="1s")
     try:
         exp.export(request([gauge("old", "", [number(1.0)])]))
         time.sleep(0.6)
@@ -262,7 +262,7 @@ service: {{pipelines: {{metrics: {{receivers: [otlp], exporters: [prometheus]}}}
 
 @pytest.mark.parametrize("settings, message", [
     ({"endpoint": "nope"}, "exporters.prometheus.endpoint: expected HOST:PORT"),
-    ({"metric_expiration_s": 0}, "metric_expiration_s must be > 0"),
+    ({"metric_expiration": "0s"}, "metric_expiration must be > 0"),
     ({"const_labels": {"bad-name": "x"}}, "const_labels.bad-name: not a valid Prometheus label name"),
     ({"namespace": "1x"}, "namespace must match"),
 ])

@@ -9,7 +9,7 @@ Example config::
 
     receivers:
       nvml:
-        interval_s: 1
+        interval: 1s
         # backend: fake
         # scenario: tests/testdata/nvml_8gpu.yaml
     service:

@@ -103,7 +103,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- define "otel-gpu.memoryLimiter" -}}
 {{- $m := .Values.memoryLimiter -}}
 {{- if $m.enabled -}}
-{{- toYaml (dict "memory_limiter" (dict "check_interval_s" 1 "limit_percentage" (int $m.limitPercentage) "spike_limit_percentage" (int $m.spikeLimitPercentage))) -}}
+{{- toYaml (dict "memory_limiter" (dict "check_interval" "1s" "limit_percentage" (int $m.limitPercentage) "spike_limit_percentage" (int $m.spikeLimitPercentage))) -}}
 {{- end -}}
 {{- end -}}
 

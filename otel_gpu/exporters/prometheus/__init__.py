@@ -2,7 +2,7 @@
 
 OTLP metrics become Prometheus series by OpenTelemetry's compatibility rules (``hw.gpu.power`` in W ->
 ``hw_gpu_power_watts``; monotonic sums -> ``*_total`` counters; explicit-bucket histograms -> histograms). Data point
-and resource attributes become labels. Series not updated for ``metric_expiration_s`` disappear.
+and resource attributes become labels. Series not updated for ``metric_expiration`` disappear.
 ``/metrics`` answers in the Prometheus text format, or OpenMetrics when the scraper asks for it; ``/health`` answers
 ``{"status": "ok"}``.
 
@@ -12,7 +12,7 @@ Example config::
       prometheus:
         endpoint: 127.0.0.1:9464
         namespace: ""                 # optional prefix, e.g. "training"
-        metric_expiration_s: 300
+        metric_expiration: 5m
         resource_to_telemetry_conversion: true
         const_labels: {cluster: a}
 

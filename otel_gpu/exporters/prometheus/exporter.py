@@ -35,6 +35,10 @@ class _Server(ThreadingMixIn, WSGIServer):
 
     def server_bind(self) -> None:
         # HTTPServer.server_bind resolves the host name (socket.getfqdn), which can stall without DNS; skip it.
+        # SO_REUSEADDR as TCPServer.server_bind sets it: each scrape leaves a connection in TIME_WAIT for a minute,
+        # and without it a restarted collector could not bind its port until then.
+        if self.allow_reuse_address:
+            self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.socket.bind(self.server_address)
         self.server_address = self.socket.getsockname()
         host, port = self.server_address[:2]
