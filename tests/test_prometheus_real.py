@@ -194,7 +194,7 @@ def stack(tmp_path_factory):
             status, body = http_get(f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": metric}))
             return status == 200 and bool(json.loads(body)["data"]["result"])
 
-        must = [schema.gpu.UTILIZATION.prometheus_name] + ([schema.nic.IB_IO_RATE.prometheus_name] if has_nic else [])
+        must = [schema.gpu.UTILIZATION.prometheus_name] + ([schema.nic.IO_RATE.prometheus_name] if has_nic else [])
         if job_ran:
             # The job's rank 1 raises: its failure record and the job's goodput reach the server.
             must += [schema.failure.ETTR.prometheus_name, schema.failure.FAILURES.prometheus_name]
@@ -264,8 +264,8 @@ def test_every_dashboard_query_parses_and_returns_data(stack):
               schema.gpu.XID_ERRORS, schema.collector.RECEIVED):
         assert m.name in exported, f"{m.name} is not exported by the collector"
     if stack["has_nic"]:
-        for m in (schema.nic.IB_ERRORS_RATE, schema.nic.IB_IO_RATE, schema.nic.IB_UP, schema.nic.ETH_IO_RATE,
-                  schema.nic.ETH_UP):
+        for m in (schema.nic.ERRORS_RATE, schema.nic.IO_RATE, schema.nic.UP, schema.nic.IO, schema.nic.PACKETS,
+                  schema.nic.BANDWIDTH_LIMIT):
             assert m.name in exported, f"{m.name} is not exported by the collector"
     if stack["job_ran"]:
         for m in (schema.failure.FAILURES, schema.failure.ETTR, schema.failure.BADPUT):
