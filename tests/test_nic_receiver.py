@@ -87,11 +87,13 @@ def test_ib_and_ethernet_counters_are_exported_in_bytes_with_attributes(fs):
         # Only the chosen hw_counters; packet-type counters are not errors.
         assert run.latest("otel_gpu.nic.ib.hw_counters", **{"nic.counter": "rx_read_requests"}) is None
         assert run.latest("hw.errors", **{"error.type": "unicast_xmit_packets"}) is None
-        assert run.value("otel_gpu.nic.ib.port.state", **ib) == 4 and run.value("otel_gpu.nic.ib.port.phys_state", **ib) == 5
+        assert run.value("otel_gpu.nic.ib.port.state", **ib) == 4
+        assert run.value("otel_gpu.nic.ib.port.phys_state", **ib) == 5
         assert run.value("hw.network.up", **ib) == 1
         assert run.value("hw.network.bandwidth.limit", **ib) == 400e9 / 8
         eth = {"hw.id": "eth0", "hw.name": "eth0", "nic.kind": "ethernet", "hw.type": "network"}
-        assert run.value("hw.network.up", **eth) == 1 and run.value("hw.network.bandwidth.limit", **eth) == 100000 * 1e6 / 8
+        assert run.value("hw.network.up", **eth) == 1
+        assert run.value("hw.network.bandwidth.limit", **eth) == 100000 * 1e6 / 8
         assert run.latest("hw.network.up", **{"hw.name": "lo"}) is None
         assert run.latest("hw.network.up", **{"hw.name": "veth1234"}) is None
         # A rate was seen for the 4000 bytes, and it is in bytes per second.
@@ -133,7 +135,8 @@ def test_rates_are_exact_per_second_and_survive_a_reset_and_a_32_bit_wrap(fs):
     fs.reset_ib("mlx5_0", 1)
     fs.set_ib("mlx5_0", 1, "port_xmit_data", 100)
     third = poll(1.0)
-    assert ("otel_gpu.nic.io.rate", None) not in third and ("otel_gpu.nic.errors.rate", "link_error_recovery") not in third
+    assert ("otel_gpu.nic.io.rate", None) not in third
+    assert ("otel_gpu.nic.errors.rate", "link_error_recovery") not in third
     assert third[("hw.network.io", None)][0] == 400 and third[("hw.network.io", None)][1] > start
     fs.add_ib("mlx5_0", 1, "port_xmit_data", 1000)
     fourth = poll(1.0)
@@ -165,7 +168,8 @@ def test_link_down_is_reported_and_logged_once_per_transition(fs, caplog):
             fs.set_net_link("eth0", False)
             run.exporter.wait_for(lambda e: run.value("hw.network.up", **ib) == 0
                                   and run.value("hw.network.up", **{"hw.name": "eth0"}) == 0)
-            assert run.value("otel_gpu.nic.ib.port.state", **ib) == 1 and run.value("otel_gpu.nic.ib.port.phys_state", **ib) == 3
+            assert run.value("otel_gpu.nic.ib.port.state", **ib) == 1
+            assert run.value("otel_gpu.nic.ib.port.phys_state", **ib) == 3
             run.exporter.wait_for(lambda e: run.value("hw.errors", **ib, **{"error.type": "link_downed"}) == 1)
             run.exporter.wait_for(lambda e: run.value("hw.errors", **{"hw.name": "eth0",
                                                                            "error.type": "carrier_changes"}) == 2)

@@ -30,8 +30,9 @@ def render() -> str:
            "by hand. dcgm-exporter labels map as: `gpu` -> `gpu.index`, `UUID` -> `hw.id`, `pci_bus_id` ->",
            "`gpu.pci.bus_id`, `modelName` -> `hw.model` (with `hw.vendor`, `hw.driver_version`), `Hostname` ->",
            "`host.name` (resource). *semconv*: the OpenTelemetry semantic conventions' name (checked against the",
-           "installed `opentelemetry-semantic-conventions`). Prometheus: the name after the reference OTLP-to-Prometheus",
-           "translation (Prometheus' OTLP ingestion and the OpenTelemetry Collector's `prometheus` exporter). A blank",
+           "installed `opentelemetry-semantic-conventions`). Prometheus: the name after the reference",
+           "OTLP-to-Prometheus translation (Prometheus' OTLP ingestion and the OpenTelemetry Collector's",
+           "`prometheus` exporter). A blank",
            "counterpart means dcgm-exporter has none (NIC counters: node_exporter's `node_infiniband_*` /",
            "`node_network_*` are the closest).", ""]
     for title, metrics in _SECTIONS:

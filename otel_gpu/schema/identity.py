@@ -19,8 +19,8 @@ SERVICE_NAME = attr("service.name", "string", "OTEL_SERVICE_NAME; defaults to ot
                     semconv=True)
 HW_ID = attr("hw.id", "string", "An identifier for the hardware component, unique within the host: a GPU's UUID; "
              "a NIC's device:port (mlx5_0:1) or interface (eth0).", group=_G, semconv=True)
-HW_NAME = attr("hw.name", "string", "An easily-recognizable name for the hardware component: a NIC's device (mlx5_0) or "
-               "interface (eth0).", group=_G, semconv=True)
+HW_NAME = attr("hw.name", "string", "An easily-recognizable name for the hardware component: a NIC's device "
+               "(mlx5_0) or interface (eth0).", group=_G, semconv=True)
 HW_MODEL = attr("hw.model", "string", "Descriptive model name of the hardware component: a GPU's product name, e.g. "
                 "NVIDIA H100 80GB HBM3.", group=_G, semconv=True)
 HW_VENDOR = attr("hw.vendor", "string", "Vendor name of the hardware component, e.g. NVIDIA.", group=_G, semconv=True)
