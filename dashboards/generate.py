@@ -9,9 +9,9 @@ Example:
     python dashboards/generate.py           # writes dashboards/grafana/*.json
     python dashboards/generate.py --check   # exits 1 when the committed JSON differs from the schema's
 
-    >>> import importlib.util, pathlib
+    >>> import importlib.util, pathlib, sys
     >>> spec = importlib.util.spec_from_file_location("gen", pathlib.Path("dashboards/generate.py"))
-    >>> gen = importlib.util.module_from_spec(spec); spec.loader.exec_module(gen)
+    >>> gen = sys.modules["gen"] = importlib.util.module_from_spec(spec); spec.loader.exec_module(gen)
     >>> sorted(gen.build_all())[:2]
     ['otel-gpu-collector.json', 'otel-gpu-failures-goodput.json']
 """
