@@ -49,15 +49,14 @@ EVENTS = ["otel_gpu.progress", "otel_gpu.stacks", "otel_gpu.exception", "otel_gp
 SPANS = ["otel_gpu.step", "otel_gpu.data.wait", "otel_gpu.checkpoint.save", "otel_gpu.checkpoint.load",
          "otel_gpu.collective", "other"]
 METRICS = ["gpu.row_remap.failure", "gpu.pcie.replay", "gpu.nvlink.errors", "gpu.xid.errors", "gpu.clock_event.active",
-           "hw.errors", "gpu.process.memory.usage", "nic.ib.errors", "nic.eth.errors", "nic.ib.port.up", "nic.eth.up",
-           "gpu.other"]
+           "hw.errors", "gpu.process.memory.usage", "hw.network.up", "otel_gpu.nic.errors.rate", "gpu.other"]
 RESOURCE_KEYS = ["training.job.id", "training.rank", "host.name", "process.pid", "training.local_rank",
                  "training.world_size", "gpu.index", "training.restart_count", "service.name"]
 ATTR_KEYS = RESOURCE_KEYS + ["training.step", "training.step.collective_time", "training.step.data_time",
                              "training.step.checkpoint_time", "exception.type", "exception.message", "exception.hint",
                              "exception.stacktrace", "process.exit.signal", "process.exit.code", "gpu.xid.code",
-                             "gpu.clock_event.reason", "error.type", "gpu.ecc.counter", "nic.device", "nic.port",
-                             "nic.counter", "hw.id", "gpu.pci.bus_id", "event.name"]
+                             "gpu.clock_event.reason", "error.type", "gpu.ecc.counter", "hw.name", "nic.port",
+                             "nic.kind", "nic.counter", "hw.type", "hw.id", "gpu.pci.bus_id", "event.name"]
 BODY_KEYS = ["step", "state", "inflight", "kind", "op", "pg", "seq", "since", "bytes", "last_seq", "last_started_seq",
              "stack_top", "user_top", "stalled_s", "threads", "main", "frames", "top", "job_id", "onset_time",
              "detected_time", "signature", "root_cause", "rank", "file", "line", "function", "0", "1"]

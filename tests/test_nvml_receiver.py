@@ -93,9 +93,13 @@ def test_exports_gpu_health_with_identity_units_and_schema_names(tmp_path):
         m, dp, attrs, resource = _latest(run, "hw.gpu.utilization", gpu__index=1)
         assert (m.unit, dp.as_double) == ("1", 0.42)
         assert attrs == {"gpu.index": 1, "hw.id": uuid1, "gpu.pci.bus_id": "00000000:2A:00.0",
-                         "hw.name": "NVIDIA H100 80GB HBM3", "hw.type": "gpu"}
+                         "hw.model": "NVIDIA H100 80GB HBM3", "hw.vendor": "NVIDIA", "hw.driver_version": "550.54.15",
+                         "hw.type": "gpu"}
         assert resource == {"host.name": "node-a"}
-        checks = [("hw.gpu.memory.utilization", {}, "1", 0.07), ("hw.gpu.memory.usage", {}, "By", 1024 << 20),
+        # hw.gpu.memory.utilization is the fraction of memory used (semconv); NVML's utilization.memory (time the
+        # memory was read or written) is gpu.memory.activity.
+        checks = [("hw.gpu.memory.utilization", {}, "1", 1024 / 81559), ("gpu.memory.activity", {}, "1", 0.07),
+                  ("hw.gpu.memory.usage", {}, "By", 1024 << 20),
                   ("hw.gpu.memory.limit", {}, "By", 81559 << 20),
                   ("gpu.memory.free", {}, "By", (81559 - 1024) << 20),
                   ("hw.temperature", {"hw.sensor_location": "gpu"}, "Cel", 66),
@@ -121,7 +125,7 @@ def test_exports_gpu_health_with_identity_units_and_schema_names(tmp_path):
             assert found is not None, (name, extra)
             m, dp, attrs, _ = found
             assert m.unit == unit == schema.REGISTRY.metrics[name].unit, name
-            assert _value(dp) == expected, (name, extra, _value(dp))
+            assert _value(dp) == pytest.approx(expected), (name, extra, _value(dp))
             assert attrs["hw.id"] == uuid1
         # Sums are cumulative (counters monotonic) and carry a start time; links past nvlink_links are not reported.
         m, dp, _, _ = _latest(run, "hw.energy", gpu__index=1)
@@ -170,8 +174,8 @@ def test_xid_event_arrives_as_a_record_within_one_second_and_is_counted(tmp_path
         record, attrs, resource = records[0]
         assert record.severity_number == 17 and record.severity_text == "ERROR"  # SEVERITY_NUMBER_ERROR
         assert attrs == {"gpu.index": 2, "hw.id": nv.gpus[2]["uuid"], "gpu.pci.bus_id": "00000000:3A:00.0",
-                         "hw.name": "NVIDIA H100 80GB HBM3", "hw.type": "gpu", "gpu.xid.code": 79,
-                         "gpu.xid.source": "nvml"}
+                         "hw.model": "NVIDIA H100 80GB HBM3", "hw.vendor": "NVIDIA", "hw.driver_version": "550.54.15",
+                         "hw.type": "gpu", "gpu.xid.code": 79, "gpu.xid.source": "nvml"}
         assert resource == {"host.name": "node-a"}
         body = json.loads(record.body.string_value)
         assert body["code"] == 79 and body["gpu_index"] == 2 and body["source"] == "nvml"

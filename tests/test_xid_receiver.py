@@ -68,7 +68,8 @@ def test_xid_line_becomes_the_same_record_as_the_nvml_receivers(tmp_path, scenar
         record, attrs, resource = records[0]
         nv = run.collector.component("receiver", "xid").backend
         assert attrs == {"gpu.index": 2, "hw.id": nv.gpus[2]["uuid"], "gpu.pci.bus_id": "00000000:3A:00.0",
-                         "hw.name": "NVIDIA H100 80GB HBM3", "hw.type": "gpu", "gpu.xid.code": 79,
+                         "hw.model": "NVIDIA H100 80GB HBM3", "hw.vendor": "NVIDIA", "hw.type": "gpu",
+                         "gpu.xid.code": 79,
                          "gpu.xid.source": "kmsg", "process.pid": 4242}
         assert resource == {"host.name": "node-a"}
         assert record.event_name == "gpu.xid" and record.severity_text == "ERROR"

@@ -306,7 +306,7 @@ class AttributionProcessor(Processor):
                     if name.startswith("gpu.") or name in (G.ECC_ERRORS.name,):
                         host = host or self._host(self._view(rm.resource).attrs)
                         self._gpu_metric(host, m, gpus)
-                    elif name in _NIC_ERRORS or name in _NIC_UP:
+                    if name in _NIC_ERRORS or name in _NIC_UP:  # hw.errors is both the GPUs' and the NICs' (hw.type)
                         host = host or self._host(self._view(rm.resource).attrs)
                         self._nic_metric(host, m, ports)
             for sample in gpus.values():
@@ -371,7 +371,7 @@ class AttributionProcessor(Processor):
             if m.name in _NIC_UP:
                 sample.up = self._num(p) >= 1
             else:
-                counter = attrs.get(str(N.COUNTER))
+                counter = attrs.get(str(G.ERROR_TYPE)) or attrs.get(str(N.COUNTER))
                 if counter:
                     sample.counters[str(counter)] = self._num(p)
 
