@@ -10,7 +10,6 @@ import pytest
 import yaml
 
 from otel_gpu import backends
-from otel_gpu.collector import registry
 from otel_gpu.collector.config import load_text
 from otel_gpu.collector.runtime import Collector
 from otel_gpu.config import ConfigError
@@ -74,8 +73,7 @@ def counting_backend():
     backends._REGISTRY.pop(("nvml", "counting"), None)
 
 
-def test_a_registered_backend_is_chosen_by_config_in_a_real_collector(monkeypatch, counting_backend):
-    monkeypatch.setitem(registry.BUILTIN["exporter"], "capture", "otel_gpu.testing.capture")
+def test_a_registered_backend_is_chosen_by_config_in_a_real_collector(capture_exporter, counting_backend):
     text = yaml.safe_dump({
         "receivers": {"nvml": {"backend": "counting", "interval_s": 0.1, "xid_events": False}},
         "exporters": {"capture": {}},
@@ -110,3 +108,15 @@ def test_entry_point_group_adds_backends(monkeypatch):
     monkeypatch.setattr(backends, "_REGISTRY", dict(backends._REGISTRY))
     assert backends.names("nvml") == ["auto", "nvml", "fake", "plugin"]
     assert isinstance(backends.load("nvml", "plugin", scenario={"gpu_count": 1}), FakeNvml)
+
+
+def test_backend_fake_through_the_cli_collector_reaches_an_otlp_backend(collector_process, otlp_sink):
+    """The product path: `otel-gpu collector` with `backend: fake` in its YAML, metrics exported over OTLP."""
+    scenario = ROOT / "tests" / "testdata" / "fake_nvml_8gpu.yaml"
+    text = yaml.safe_dump({
+        "receivers": {"nvml": {"backend": "fake", "scenario": str(scenario), "interval_s": 0.2, "xid_events": False}},
+        "exporters": {"otlp": {"endpoint": otlp_sink.endpoint, "compression": "none"}},
+        "service": {"pipelines": {"metrics": {"receivers": ["nvml"], "exporters": ["otlp"]}}}})
+    collector = collector_process(text)
+    assert otlp_sink.wait_for(lambda s: G.UTILIZATION.name in s.metric_names(), timeout_s=30)
+    assert collector.stop() == 0

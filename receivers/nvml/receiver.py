@@ -1,8 +1,9 @@
 """The nvml receiver: polls GPU health through an NVML backend and reports XID errors from NVML's event set.
 
 The backend is the ``pynvml`` module (nvidia-ml-py) or the fake NVML, chosen by ``backend:`` through
-:mod:`otel_gpu.backends`; this code calls the same functions on either. Every read goes through :meth:`NvmlReceiver._call`, which turns NVML errors into "not
-available" for that field on that GPU (logged once), so one unsupported field never costs the others.
+:mod:`otel_gpu.backends`; this code calls the same functions on either. Every read goes through
+:meth:`NvmlReceiver._call`, which turns NVML errors into "not available" for that field on that GPU (logged once), so
+one unsupported field never costs the others.
 """
 from __future__ import annotations
 

@@ -68,7 +68,7 @@ class PrometheusExporter(Exporter):
             self.registry.register(_Forward(self_telemetry))
         self._metrics_app = make_wsgi_app(self.registry)
         self._basic_auth: BasicAuthChecker | None = None
-        self._server: _Server | None = None
+        self._server: httpserver.WsgiHttpServer | None = None
         self._thread: threading.Thread | None = None
 
     @property
