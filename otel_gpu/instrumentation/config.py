@@ -1,7 +1,7 @@
 """Settings of the in-process instrumentation: explicit argument > ``OTEL_GPU_*`` / ``OTEL_*`` variable > default.
 
 Example:
-    >>> cfg = InstrumentationConfig.from_env({"OTEL_GPU_HEARTBEAT_S": "1"}, stack_after_s=5)
+    >>> cfg = InstrumentationConfig.from_env({"OTEL_GPU_HEARTBEAT_S": "1"}, stack_after_s=5.0)
     >>> (cfg.heartbeat_s, cfg.stack_after_s)
     (1.0, 5.0)
 """
