@@ -26,7 +26,6 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from collector_proc import free_port, start_collector
-from otel_gpu.collector import registry
 from otel_gpu.collector.config import load_file, load_text
 from otel_gpu.collector.runtime import Collector
 from otel_gpu.otlp_build import LogsBuilder, MetricsBuilder, attributes
@@ -119,8 +118,7 @@ def test_compact_config_errors_name_the_key():
 
 # -- the processor in a real Collector --------------------------------------------------------------------------------
 @pytest.fixture
-def sidecar_in_process(monkeypatch):
-    monkeypatch.setitem(registry.BUILTIN["exporter"], "capture", "otel_gpu.testing.capture")
+def sidecar_in_process(capture_exporter):
     config = {"receivers": {"otlp": {"grpc": {"endpoint": "127.0.0.1:0"}, "http": None}},
               "processors": {"compact": {"batch_interval": "0s"}},
               "exporters": {"capture/backend": {}, "capture/aggregator": {}},
@@ -171,8 +169,7 @@ def test_compact_drops_collective_spans_and_leaves_the_backend_batch_whole(sidec
     assert [m.name for sm in rm.scope_metrics for m in sm.metrics] == [G.XID_ERRORS.name]
 
 
-def test_compact_holds_back_node_records_until_a_job_is_known(monkeypatch):
-    monkeypatch.setitem(registry.BUILTIN["exporter"], "capture", "otel_gpu.testing.capture")
+def test_compact_holds_back_node_records_until_a_job_is_known(capture_exporter):
     pipe = {"receivers": ["otlp"], "processors": ["compact"], "exporters": ["capture"]}
     config = {"receivers": {"otlp": {"grpc": {"endpoint": "127.0.0.1:0"}, "http": None}},
               "processors": {"compact": {}}, "exporters": {"capture": {}},
@@ -219,8 +216,7 @@ def test_compact_forwards_unchanged_node_metrics_only_on_refresh():
     assert compact.stats["metrics"]["unchanged"] == 2 + 2 + 1 + 1
 
 
-def test_compact_merges_the_ranks_of_a_node_into_one_request(monkeypatch):
-    monkeypatch.setitem(registry.BUILTIN["exporter"], "capture", "otel_gpu.testing.capture")
+def test_compact_merges_the_ranks_of_a_node_into_one_request(capture_exporter):
     pipe = {"receivers": ["otlp"], "processors": ["compact"], "exporters": ["capture"]}
     config = {"receivers": {"otlp": {"grpc": {"endpoint": "127.0.0.1:0"}, "http": None}},
               "processors": {"compact": {"batch_interval": "300ms", "batch_max_items": 100}},

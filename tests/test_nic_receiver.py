@@ -8,7 +8,6 @@ import time
 import pytest
 import yaml
 
-from otel_gpu.collector import registry
 from otel_gpu.collector.config import load_text
 from otel_gpu.collector.runtime import Collector
 from otel_gpu.component import ComponentHost
@@ -21,9 +20,7 @@ from otel_gpu.schema import REGISTRY
 from otel_gpu.testing.fake_sysfs import FakeSysfs
 
 
-@pytest.fixture(autouse=True)
-def _capture_exporter(monkeypatch):
-    monkeypatch.setitem(registry.BUILTIN["exporter"], "capture", "otel_gpu.testing.capture")
+pytestmark = pytest.mark.usefixtures("capture_exporter")
 
 
 def _yaml(settings: dict) -> str:

@@ -12,7 +12,6 @@ import pytest
 import yaml
 
 from otel_gpu import schema
-from otel_gpu.collector import registry
 from otel_gpu.collector.config import load_text
 from otel_gpu.collector.runtime import Collector
 from otel_gpu.config import ConfigError
@@ -26,9 +25,7 @@ SCENARIO_8GPU = ROOT / "tests" / "testdata" / "fake_nvml_8gpu.yaml"
 NOT_FOUND_LINE = "NVML library not found: is the NVIDIA driver installed? (nvidia-ml-py needs libnvidia-ml.so.1)"
 
 
-@pytest.fixture(autouse=True)
-def _capture_exporter(monkeypatch):
-    monkeypatch.setitem(registry.BUILTIN["exporter"], "capture", "otel_gpu.testing.capture")
+pytestmark = pytest.mark.usefixtures("capture_exporter")
 
 
 def _config(settings: dict, logs: bool = True) -> str:

@@ -519,13 +519,13 @@ def test_secrets_never_appear_in_config_errors(value, monkeypatch, tmp_path):
     needle = "tok-ERR-41aa" if "tok" in value else value
     configs = [
         # both the inline token and a file
-        f'receivers: {{otlp: {{grpc: {{auth: {{bearer_token: "${{env:SECRET_VALUE}}", bearer_token_file: /x}}}}}}}}',
+        'receivers: {otlp: {grpc: {auth: {bearer_token: "${env:SECRET_VALUE}", bearer_token_file: /x}}}}',
         # a sibling setting wrong, and an unknown key beside the token
-        f'receivers: {{otlp: {{grpc: {{max_workers: many, auth: {{bearer_token: "${{env:SECRET_VALUE}}", '
-        f'bearer_tokn: 1}}}}}}}}',
+        'receivers: {otlp: {grpc: {max_workers: many, auth: {bearer_token: "${env:SECRET_VALUE}", '
+        'bearer_tokn: 1}}}}',
         # exporter token and prometheus password, with errors around them
-        f'exporters: {{otlp: {{endpoint: "nope", auth: {{bearer_token: "${{env:SECRET_VALUE}}"}}}}, '
-        f'prometheus: {{basic_auth: {{username: "a:b", password: "${{env:SECRET_VALUE}}"}}}}}}',
+        'exporters: {otlp: {endpoint: "nope", auth: {bearer_token: "${env:SECRET_VALUE}"}}, '
+        'prometheus: {basic_auth: {username: "a:b", password: "${env:SECRET_VALUE}"}}}',
     ]
     tail = "\nservice: {pipelines: {traces: {receivers: [otlp], exporters: [debug]}}}\n"
     for text in configs:

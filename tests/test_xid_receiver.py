@@ -10,7 +10,6 @@ import time
 import pytest
 import yaml
 
-from otel_gpu.collector import registry
 from otel_gpu.collector.config import load_text
 from otel_gpu.collector.runtime import Collector
 from otel_gpu.config import ConfigError
@@ -19,9 +18,7 @@ from otel_gpu.schema import REGISTRY
 from otel_gpu.testing.fake_kmsg import FakeKernelLog
 
 
-@pytest.fixture(autouse=True)
-def _capture_exporter(monkeypatch):
-    monkeypatch.setitem(registry.BUILTIN["exporter"], "capture", "otel_gpu.testing.capture")
+pytestmark = pytest.mark.usefixtures("capture_exporter")
 
 
 def _yaml(settings: dict, receivers: dict | None = None) -> str:
@@ -150,16 +147,14 @@ def test_config_errors_name_the_key(settings, message):
     assert message in str(info.value)
 
 
-def test_an_endless_line_without_newline_is_skipped_and_memory_stays_bounded(tmp_path, monkeypatch, caplog):
+def test_an_endless_line_without_newline_is_skipped_and_memory_stays_bounded(tmp_path, caplog):
     """A file that is not a kernel log (one huge line, no newline) must not grow the follower's buffer forever; XID
     lines after it are still read."""
     import yaml
 
-    from otel_gpu.collector import registry
     from otel_gpu.collector.config import load_text
     from otel_gpu.collector.runtime import Collector
 
-    monkeypatch.setitem(registry.BUILTIN["exporter"], "capture", "otel_gpu.testing.capture")
     log = tmp_path / "kern.log"
     log.write_bytes(b"x" * 300_000)
     config = {"receivers": {"xid": {"path": str(log), "from_beginning": True, "backend": "nvml",

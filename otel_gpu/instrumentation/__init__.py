@@ -1,13 +1,14 @@
 """Auto-instrumentation of PyTorch training: steps, every collective (DDP/FSDP included through torch's flight
 recorder), data-loader waits, checkpoints, an in-flight watchdog and crash hooks, exported over OTLP.
 
-Example:
-    >>> import otel_gpu
-    >>> otel_gpu.instrument(heartbeat_s=2.0)          # doctest: +SKIP
-    >>> for n, batch in enumerate(loader):              # doctest: +SKIP
-    ...     loss = model(batch).sum(); loss.backward(); opt.step()   # steps come from the optimizer hook
-    >>> with otel_gpu.checkpoint("ckpt.pt"):            # doctest: +SKIP
-    ...     torch.save(model.state_dict(), "ckpt.pt")
+Example::
+
+    import otel_gpu
+    otel_gpu.instrument(heartbeat_s=2.0)
+    for n, batch in enumerate(loader):
+        loss = model(batch).sum(); loss.backward(); opt.step()   # steps come from the optimizer hook
+    with otel_gpu.checkpoint("ckpt.pt"):
+        torch.save(model.state_dict(), "ckpt.pt")
 
 The same from outside the program: ``opentelemetry-instrument python train.py`` (entry point
 ``opentelemetry_instrumentor: otel_gpu``), ``otel-gpu run -- torchrun ... train.py`` or ``import otel_gpu.auto``.

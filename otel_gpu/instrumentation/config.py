@@ -6,7 +6,7 @@ fast export path honours them; see README.md for the table): :func:`signal_route
 per signal. A bad value warns (naming the variable) and falls back.
 
 Example:
-    >>> cfg = InstrumentationConfig.from_env({"OTEL_GPU_HEARTBEAT_S": "1"}, stack_after_s=5)
+    >>> cfg = InstrumentationConfig.from_env({"OTEL_GPU_HEARTBEAT_S": "1"}, stack_after_s=5.0)
     >>> (cfg.heartbeat_s, cfg.stack_after_s)
     (1.0, 5.0)
     >>> env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",

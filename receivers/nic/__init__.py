@@ -9,7 +9,7 @@ Example config::
     receivers:
       nic:
         interval: 1s
-        # sysfs_root: /tmp/fake-sys     # a fake tree (otel_gpu.testing.fake_sysfs)
+        # sysfs_root: /tmp/fake-sys     # a fake tree (FakeSysfs writes one)
     service:
       pipelines:
         metrics: {receivers: [nic], exporters: [prometheus]}

@@ -1,8 +1,9 @@
 """The nvml receiver: polls GPU health through an NVML backend and reports XID errors from NVML's event set.
 
-The backend is the ``pynvml`` module (nvidia-ml-py) or :class:`otel_gpu.testing.fake_nvml.FakeNvml`; this code calls
-the same functions on either. Every read goes through :meth:`NvmlReceiver._call`, which turns NVML errors into "not
-available" for that field on that GPU (logged once), so one unsupported field never costs the others.
+The backend is the ``pynvml`` module (nvidia-ml-py) or the fake NVML, chosen by ``backend:`` through
+:mod:`otel_gpu.backends`; this code calls the same functions on either. Every read goes through
+:meth:`NvmlReceiver._call`, which turns NVML errors into "not available" for that field on that GPU (logged once), so
+one unsupported field never costs the others.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import threading
 import time
 from typing import Any
 
+from otel_gpu import backends
 from otel_gpu.component import ComponentHost, Receiver, run_polling
 from otel_gpu.otlp_build import LogsBuilder, MetricsBuilder, Series, attributes
 from otel_gpu.pdata import Batch, Signal
@@ -112,17 +114,11 @@ class NvmlReceiver(Receiver):
                 pass
 
     def _load_backend(self) -> Any:
-        if self.config.backend == "fake":
-            from otel_gpu.testing.fake_nvml import FakeNvml  # only when the config asks for the fake
-
-            return FakeNvml(self.config.scenario)
-        try:
-            import pynvml
-        except ImportError:
+        backend = backends.load("nvml", self.config.backend, scenario=self.config.scenario or None)
+        if backend is None:
             self.host.log_once("no-pynvml", logging.WARNING, "%s: nvidia-ml-py is not installed (pip install "
                                "nvidia-ml-py); the nvml receiver stays idle", self.host.component_id)
-            return None
-        return pynvml
+        return backend
 
     def _init(self) -> bool:
         nv = self.backend

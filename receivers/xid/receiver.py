@@ -14,6 +14,7 @@ import threading
 import time
 from typing import Any
 
+from otel_gpu import backends
 from otel_gpu.component import ComponentHost, Receiver
 from otel_gpu.otlp_build import LogsBuilder, attributes
 from otel_gpu.pdata import Batch, Signal
@@ -92,16 +93,7 @@ class XidReceiver(Receiver):
             ident[str(GPU_INDEX)] = index
 
     def _load_backend(self) -> Any:
-        if self.config.backend == "fake":
-            from otel_gpu.testing.fake_nvml import FakeNvml  # only when the config asks for the fake
-
-            self.backend = FakeNvml(self.config.scenario)
-        else:
-            try:
-                import pynvml
-            except ImportError:
-                return None
-            self.backend = pynvml
+        self.backend = backends.load("nvml", self.config.backend, scenario=self.config.scenario or None)
         return self.backend
 
     # -- following the log ----------------------------------------------------------------------------------------------
