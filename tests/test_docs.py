@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from otel_gpu.collector import registry
+from otel_gpu.config import parse_duration, yaml_keys
 
 ROOT = Path(__file__).resolve().parents[1]
 # Importing these has effects (instrumenting this process, the interpreter bootstrap): they carry no examples.
@@ -100,21 +101,27 @@ def _settings_table(text: str) -> list[list[str]]:
 
 
 def _field(cls: type, dotted: str):
-    """(dataclass field, owning class) for ``a.b.c``, through nested (optional) dataclass fields."""
+    """(dataclass field, owning class, seconds per unit when the YAML key is a Go duration) for ``a.b.c``, through
+    nested (optional) dataclass fields. Names are YAML keys (``timeout`` for a field ``timeout_s``), or field names
+    for configs that are not read from YAML (the instrumentation's)."""
     parts = dotted.split(".")
     for i, part in enumerate(parts):
         fields = {f.name: f for f in dataclasses.fields(cls)}
+        scale = None
         if part not in fields:
-            return None, cls
+            key = yaml_keys(cls).get(part)
+            if key is None:
+                return None, cls, None
+            part, scale = key.field, key.scale
         if i == len(parts) - 1:
-            return fields[part], cls
+            return fields[part], cls, scale
         hint = typing.get_type_hints(cls)[part]
         nested = [a for a in typing.get_args(hint) if dataclasses.is_dataclass(a)] if isinstance(
             hint, (types.UnionType, typing._UnionGenericAlias)) else [hint]
         if not nested or not dataclasses.is_dataclass(nested[0]):
-            return None, cls
+            return None, cls, None
         cls = nested[0]
-    return None, cls
+    return None, cls, None
 
 
 def _default(f: dataclasses.Field):
@@ -129,6 +136,8 @@ _EMPTY = (None, "", [], {}, (), dataclasses.MISSING)
 
 
 def _same(doc, code) -> bool:
+    if dataclasses.is_dataclass(code) and isinstance(doc, dict):  # a nested setting's documented part
+        return all(hasattr(code, k) and _same(v, getattr(code, k)) for k, v in doc.items())
     if isinstance(code, (list, tuple)) and isinstance(doc, str) and doc.endswith(", ..."):
         return [d.strip() for d in doc[:-5].split(",")] == list(code)[:doc.count(",")]
     if isinstance(code, bool) or isinstance(doc, bool):
@@ -149,7 +158,7 @@ def _check_row(cls: type, cells: list[str], default_col: int) -> list[str]:
     values = [v.strip() for v in raw.split(" / ")] if len(names) > 1 and " / " in raw else [raw] * len(names)
     problems = []
     for name, value in zip(names, values):
-        f, _ = _field(cls, name)
+        f, _, scale = _field(cls, name)
         if f is None:
             problems.append(f"{name}: not a field of {cls.__name__}")
             continue
@@ -168,6 +177,11 @@ def _check_row(cls: type, cells: list[str], default_col: int) -> list[str]:
             doc = text
         if text == '""':
             doc = ""
+        if scale is not None and isinstance(doc, str):
+            try:
+                doc = parse_duration(doc) / scale
+            except ValueError:
+                pass
         if not _same(doc, code):
             problems.append(f"{name}: README says {value}, the code's default is {code!r}")
     return problems
@@ -180,8 +194,9 @@ def test_readme_settings_table_matches_the_config_dataclass(readme, cls):
     header, body = rows[0], rows[1:]
     default_col = header.index("default")
     problems = [p for cells in body for p in _check_row(cls, cells, default_col)]
-    documented = {n.split(".")[0] for cells in body
-                  for n in re.findall(r"`([a-z_][a-z0-9_.]*)`", cells[0]) or [cells[0]]}
+    keys = yaml_keys(cls)
+    documented = {keys[n].field if n in keys else n for cells in body
+                  for n in (x.split(".")[0] for x in re.findall(r"`([a-z_][a-z0-9_.]*)`", cells[0]) or [cells[0]])}
     missing = [f.name for f in dataclasses.fields(cls) if f.name not in documented]
     assert not problems and not missing, "\n".join(problems + [f"{m}: not in the table" for m in missing])
 
