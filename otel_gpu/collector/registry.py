@@ -21,6 +21,7 @@ BUILTIN: dict[str, dict[str, str]] = {
         "goodput": "otel_gpu.processors.goodput",
         "memory_limiter": "otel_gpu.processors.memory_limiter",
         "compact": "otel_gpu.processors.compact",
+        "health": "otel_gpu.processors.health",
     },
     "exporter": {
         "otlp": "otel_gpu.exporters.otlp",
