@@ -69,15 +69,16 @@ class Rate:
     A counter that goes down was reset (driver reload, receiver restart): the new value is the start again.
     """
 
-    __slots__ = ("last", "ring", "minute", "baseline", "learned", "total")
+    __slots__ = ("last", "ring", "minute", "baseline", "learned", "total", "warm")
 
-    def __init__(self, buckets: int):
+    def __init__(self, buckets: int, warm: int = 30):
         self.last: float | None = None
         self.ring = array("f", bytes(4 * buckets))
         self.minute = -1  # the minute the newest bucket counts
         self.baseline = 0.0  # expected increments per minute
         self.learned = 0  # completed minutes folded into the baseline
         self.total = 0.0  # increments seen since first sight
+        self.warm = warm  # minutes learned as a plain mean; after them a minute counts at most 3x the baseline
 
     def _roll(self, minute: int, alpha: float, learn: bool) -> None:
         if self.minute < 0:
@@ -91,6 +92,8 @@ class Rate:
             m = self.minute + k
             if learn:  # fold the completed minute in; a long gap adds its quiet minutes below
                 done = self.ring[m % n]
+                if self.learned >= self.warm:  # a burst or the start of a climb must not drag the baseline up
+                    done = min(done, max(3.0 * self.baseline, 3.0))
                 self.learned += 1
                 a = max(alpha, 1.0 / self.learned)
                 self.baseline += a * (done - self.baseline)
@@ -180,6 +183,7 @@ class HealthEngine:
         self.short_buckets = max(1, int(round(settings.short_window_s / _BUCKET_S)))
         self.alpha = 1.0 - 0.5 ** (_BUCKET_S / settings.baseline_half_life_s)
         self.forgotten = 0
+        self.warm_buckets = max(1, int(settings.warmup_s // _BUCKET_S))
 
     # -- devices ---------------------------------------------------------------------------------------------------
     def device(self, kind: DeviceKind, host: str, t: float, *, uuid: str | None = None,
@@ -214,7 +218,7 @@ class HealthEngine:
     def _rate(self, dev: Device, name: str, buckets: int | None = None) -> Rate:
         r = dev.rates.get(name)
         if r is None:
-            r = dev.rates[name] = Rate(buckets or self.short_buckets)
+            r = dev.rates[name] = Rate(buckets or self.short_buckets, self.warm_buckets)
         return r
 
     def _learning(self, dev: Device, name: str) -> bool:

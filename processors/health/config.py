@@ -17,9 +17,11 @@ __all__ = ["HealthConfig"]
 class HealthConfig:
     #: How often a node's counters are read from the batches that flow by (the receivers poll at 1 Hz; counters are
     #: cumulative, so the batches in between are passed on untouched and nothing is lost).
-    sample_interval_s: float = 10.0
+    sample_interval_s: float = 30.0
+    #: NVLink counters (up to 18 links x 5 error types per GPU: most of a node's points) are read this often.
+    nvlink_sample_interval_s: float = 300.0
     #: How often the rules are evaluated and the health metrics are emitted.
-    evaluate_interval_s: float = 10.0
+    evaluate_interval_s: float = 30.0
     #: Rates are counted over this window ...
     short_window_s: float = 900.0
     #: ... and compared with the device's own baseline, learned with this half-life while the device is quiet.
@@ -30,7 +32,7 @@ class HealthConfig:
     #: A rate rule holds when the window's count is >= factor x the baseline's expectation and >= the minimum count.
     watch_factor: float = 4.0
     drain_factor: float = 16.0
-    watch_min_count: int = 10
+    watch_min_count: int = 20
     drain_min_count: int = 50
     #: NIC link flaps (link_downed increases) within an hour that make a port watch / drain.
     flaps_watch: int = 2
@@ -47,7 +49,7 @@ class HealthConfig:
     max_devices: int = 20_000
 
     def validate(self) -> None:
-        for key in ("sample_interval_s", "evaluate_interval_s", "short_window_s", "baseline_half_life_s",
+        for key in ("sample_interval_s", "nvlink_sample_interval_s", "evaluate_interval_s", "short_window_s", "baseline_half_life_s",
                     "watch_factor", "drain_factor", "recurrence_window_s"):
             value = getattr(self, key)
             if not value > 0:

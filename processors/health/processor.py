@@ -52,6 +52,7 @@ _GPU_METRICS = frozenset(m.name for m in (G.ECC_ERRORS, G.RETIRED_PAGES, G.RETIR
                                           G.NVLINK_STATE, G.CLOCK_EVENT_ACTIVE))
 _NIC_METRICS = frozenset(m.name for m in (N.IB_ERRORS, N.ETH_ERRORS, N.ETH_UP))
 _WANTED = _GPU_METRICS | _NIC_METRICS
+_NVLINK_METRICS = frozenset((G.NVLINK_ERRORS.name, G.NVLINK_STATE.name))
 _SEVERITY = {H.DeviceState.HEALTHY: LogsBuilder.INFO, H.DeviceState.WATCH: LogsBuilder.WARN,
              H.DeviceState.DRAIN: LogsBuilder.ERROR}
 _VIEW_CACHE_MAX = 4096
@@ -121,6 +122,7 @@ class HealthProcessor(Processor):
         self._thread: threading.Thread | None = None
         self._clock = time.time
         self._last_sample: dict[tuple[bytes, str], float] = {}
+        self._last_nvlink: dict[tuple[bytes, str], float] = {}
         self._hosts: dict[bytes, str] = {}
         self._series: dict[tuple[str, str], Series] = {}
         self._last_recurrence = float("-inf")
@@ -196,17 +198,24 @@ class HealthProcessor(Processor):
                 if not any(m.name in _WANTED for m in sm.metrics):
                     continue
                 self._last_sample[skey] = now
+                last_nvlink = self._last_nvlink.get(skey)
+                nvlink = last_nvlink is None or now - last_nvlink >= self.config.nvlink_sample_interval_s
+                if nvlink and any(m.name in _NVLINK_METRICS for m in sm.metrics):
+                    self._last_nvlink[skey] = now
+                else:
+                    nvlink = False
                 if len(self._last_sample) > 4 * self.config.max_devices:
                     self._last_sample.clear()
-                self._sample(host, sm.metrics, now)
+                    self._last_nvlink.clear()
+                self._sample(host, sm.metrics, now, nvlink)
 
-    def _sample(self, host: str, metrics: Any, now: float) -> None:
+    def _sample(self, host: str, metrics: Any, now: float, nvlink: bool = True) -> None:
         gpus: dict[str, _GpuAcc] = {}
         ports: dict[str, dict[str, float]] = {}
         ups: dict[str, float] = {}
         for m in metrics:
             name = m.name
-            if name not in _WANTED:
+            if name not in _WANTED or (not nvlink and name in _NVLINK_METRICS):
                 continue
             kind = m.WhichOneof("data")
             if kind not in ("gauge", "sum"):
