@@ -26,3 +26,8 @@ GPU_UUID = attr("gpu.uuid", "string", "GPU UUID (same value as hw.id on GPU metr
 GPU_PCI_BUS_ID = attr("gpu.pci.bus_id", "string", "PCI bus id, e.g. 00000000:07:00.0.", group=_G)
 COMPONENT = attr("otel_gpu.component", "string", "Collector component id, e.g. otlp or nvml/fast.", group=_G)
 SIGNAL = attr("otel_gpu.signal", "string", "traces, metrics or logs.", group=_G, values=("traces", "metrics", "logs"))
+
+#: Resource attributes the Prometheus exporter keeps as labels of every series although
+#: ``resource_to_telemetry_conversion`` is off (its ``promote_resource_attributes`` default): what the dashboards
+#: filter on. The other resource attributes reach Prometheus through ``target_info``.
+PROMOTED_RESOURCE_ATTRIBUTES = (JOB_ID, HOST_NAME, RANK, GPU_INDEX)
