@@ -379,3 +379,59 @@ def test_evaluation_thread_runs_and_stops():
     finally:
         proc.shutdown(2)
     assert proc._thread is None and not any(t.name == "otel-gpu-health" for t in threading.enumerate())
+
+
+def test_a_gpu_reset_clears_a_drain_fault_after_the_quiet_period():
+    proc, _ = _health(lambda: 0.0, clear_after_s=600)
+    eng = proc.engine
+    gpu = eng.gpu("n", "GPU-r", 0.0)
+    t = 0.0
+    for value in (0, 0, 1):  # an uncorrectable error
+        t += 30
+        eng.counter(gpu, "ecc_uncorrected", value, t)
+        eng.counter(gpu, "ecc_corrected", 100 + t, t)
+    eng.xid(gpu, 48, t)
+    eng.evaluate(t)
+    assert gpu.state is H.DeviceState.DRAIN and {h.rule for h in gpu.hits} == {"ecc_uncorrected", "xid_drain"}
+    t += 4 * 3600  # hours later, no reset: the fault still holds (fault_hold_s)
+    eng.counter(gpu, "ecc_uncorrected", 1, t)
+    eng.evaluate(t)
+    assert gpu.state is H.DeviceState.DRAIN
+    t += 30  # the GPU was reset: volatile counters back to 0
+    eng.counter(gpu, "ecc_uncorrected", 0, t)
+    eng.counter(gpu, "ecc_corrected", 0, t)
+    eng.evaluate(t)
+    assert gpu.state is H.DeviceState.DRAIN  # steps down only after clear_after_s without a drain rule
+    t += 601
+    eng.evaluate(t)
+    assert gpu.state is H.DeviceState.HEALTHY and gpu.score == 0
+
+
+def test_store_links_a_failure_once_across_revisions_and_survives_hostile_bodies(tmp_path):
+    from otel_gpu.exporters.store import devices as dstore
+    from otel_gpu.otlp_build import LogsBuilder
+
+    services: dict = {}
+    store = _store(tmp_path, services)
+    try:
+        lb = LogsBuilder()
+        record = {"failure_id": "f-1", "version": 1, "kind": "crash", "root_cause": "gpu_xid", "job_id": "j",
+                  "onset_time": 100.0, "culprit": {"rank": 1, "host": "h", "gpu": "GPU-9"}}
+        lb.event(F.FAILURE_EVENT, record)
+        lb.event(F.FAILURE_EVENT, {**record, "version": 2})  # a revision keeps the failure id
+        for hostile in ({"device_id": ["x"], "kind": "gpu", "state": "drain"}, {"device_id": "gpu:x", "kind": "gpu",
+                        "state": "on fire"}, {"device_id": "gpu:y", "kind": "gpu", "state": "watch",
+                                              "gpu_index": 10 ** 30, "score": "NaN", "evidence": {"a": 1}}):
+            lb.event(H.STATE_CHANGE_EVENT, hostile)
+        store.export(Batch.from_message(Signal.LOGS, lb.build()))
+        counts = services["device_history"].culprit_counts(device_ids=["gpu:GPU-9", "node:h"])
+        assert counts["gpu:GPU-9"]["failures"] == 1 and counts["node:h"]["failures"] == 1  # queued, counted once
+        assert store.force_flush(5)
+        counts = services["device_history"].culprit_counts(device_ids=["gpu:GPU-9", "node:h"])
+        assert counts["gpu:GPU-9"]["failures"] == 1 and counts["node:h"]["jobs"] == ["j"]
+        with db.open_reader(tmp_path / "store") as conn:
+            states = {d["device_id"]: d for d in dstore.device_states(conn)}
+            assert set(states) == {"gpu:y"} and states["gpu:y"]["gpu_index"] is None
+            assert states["gpu:y"]["evidence"] == ['{"a": 1}']
+    finally:
+        store.shutdown(5)

@@ -27,6 +27,7 @@ from otel_gpu.schema.health import STATE_RANK, DeviceKind, DeviceState, device_i
 __all__ = ["Device", "HealthEngine", "RuleHit", "StateChange", "XID_DRAIN", "XID_WATCH", "XID_APP"]
 
 _BUCKET_S = 60.0
+_VOLATILE_ECC = frozenset({"ecc_corrected", "ecc_uncorrected"})
 _HOUR_BUCKETS = 60
 
 #: XID classes (NVIDIA's Xid catalog "Resolution Bucket (Immediate Action)", NVIDIA Health Validation's Xid checks,
@@ -64,21 +65,32 @@ class StateChange:
 
 
 class Rate:
-    """Increments of a cumulative counter per minute over a ring, and the device's baseline per minute.
+    """Increments of a cumulative counter per minute over a ring (the window), and the device's baseline per minute.
 
-    A counter that goes down was reset (driver reload, receiver restart): the new value is the start again.
+    An increment seen after a gap of several minutes (a counter read every few minutes) is spread over the minutes
+    it covers. A minute is folded into the baseline when it leaves the window, so the window being judged is never
+    part of its own baseline. A counter that goes down was reset (driver reload, receiver restart): the new value is
+    the start again.
     """
 
-    __slots__ = ("last", "ring", "minute", "baseline", "learned", "total", "warm")
+    __slots__ = ("last", "last_t", "ring", "minute", "baseline", "learned", "total", "warm", "last_inc_t")
 
     def __init__(self, buckets: int, warm: int = 30):
         self.last: float | None = None
+        self.last_t = 0.0
         self.ring = array("f", bytes(4 * buckets))
         self.minute = -1  # the minute the newest bucket counts
         self.baseline = 0.0  # expected increments per minute
-        self.learned = 0  # completed minutes folded into the baseline
+        self.learned = 0  # minutes folded into the baseline
         self.total = 0.0  # increments seen since first sight
         self.warm = warm  # minutes learned as a plain mean; after them a minute counts at most 3x the baseline
+        self.last_inc_t: float | None = None  # when it last rose
+
+    def _fold(self, done: float, alpha: float) -> None:
+        if self.learned >= self.warm:  # a burst or the start of a climb must not drag the baseline up
+            done = min(done, max(3.0 * self.baseline, 3.0))
+        self.learned += 1
+        self.baseline += max(alpha, 1.0 / self.learned) * (done - self.baseline)
 
     def _roll(self, minute: int, alpha: float, learn: bool) -> None:
         if self.minute < 0:
@@ -88,41 +100,46 @@ class Rate:
         steps = minute - self.minute
         if steps <= 0:
             return
-        for k in range(min(steps, n)):
-            m = self.minute + k
-            if learn:  # fold the completed minute in; a long gap adds its quiet minutes below
-                done = self.ring[m % n]
-                if self.learned >= self.warm:  # a burst or the start of a climb must not drag the baseline up
-                    done = min(done, max(3.0 * self.baseline, 3.0))
-                self.learned += 1
-                a = max(alpha, 1.0 / self.learned)
-                self.baseline += a * (done - self.baseline)
-            self.ring[(m + 1) % n] = 0.0
-        if learn and steps > n:
-            quiet = steps - n
-            self.learned += quiet
-            self.baseline *= (1 - alpha) ** quiet
+        for k in range(1, min(steps, n) + 1):
+            i = (self.minute + k) % n  # the bucket of the minute that leaves the window, reused for a new one
+            if learn:
+                self._fold(self.ring[i], alpha)
+            self.ring[i] = 0.0
+        if learn and steps > n:  # a long gap: its quiet minutes count as quiet
+            for _ in range(min(steps - n, 24 * 60)):
+                self._fold(0.0, alpha)
         self.minute = minute
+
+    def _put(self, inc: float, t0: float, t: float) -> None:
+        n = len(self.ring)
+        m0, m1 = int(t0 // _BUCKET_S), int(t // _BUCKET_S)
+        m0 = max(m0, m1 - n + 1, self.minute - n + 1)
+        share = inc / (m1 - m0 + 1)
+        for m in range(m0, m1 + 1):
+            self.ring[m % n] += share
+        self.total += inc
 
     def update(self, value: float, t: float, alpha: float, learn: bool, count_first: bool = False) -> float:
         """Takes a new cumulative ``value`` at ``t``; returns the increment."""
         self._roll(int(t // _BUCKET_S), alpha, learn)
         last, self.last = self.last, value
+        last_t, self.last_t = self.last_t, t
         if last is None:
             inc = value if count_first and value > 0 else 0.0
+            last_t = t
         elif value >= last:
             inc = value - last
         else:
             inc = value  # reset: counting again from 0
+            self.last_inc_t = None
         if inc:
-            self.ring[self.minute % len(self.ring)] += inc
-            self.total += inc
+            self._put(inc, last_t, t)
+            self.last_inc_t = t
         return inc
 
     def add(self, n: float, t: float, alpha: float, learn: bool) -> None:
         self._roll(int(t // _BUCKET_S), alpha, learn)
-        self.ring[self.minute % len(self.ring)] += n
-        self.total += n
+        self._put(n, t, t)
 
     def window(self, t: float, alpha: float, learn: bool) -> float:
         """Increments in the ring's window ending now."""
@@ -228,8 +245,15 @@ class HealthEngine:
     def counter(self, dev: Device, name: str, value: float, t: float, *, hour: bool = False,
                 count_first: bool = False) -> float:
         """A cumulative counter reading of ``dev`` (e.g. ecc_corrected, pcie_replay, nic_errors, link_downed)."""
-        return self._rate(dev, name, _HOUR_BUCKETS if hour else None).update(
-            value, t, self.alpha, self._learning(dev, name + "_rate"), count_first)
+        r = self._rate(dev, name, _HOUR_BUCKETS if hour else None)
+        if name in _VOLATILE_ECC and r.last is not None and value < r.last:
+            # volatile ECC counters go back to 0 only when the driver reloads or the GPU is reset: the faults that
+            # asked for that reset are dealt with
+            dev.events = [e for e in dev.events if e[1] != "xid_drain"]
+            unc = dev.rates.get("ecc_uncorrected")
+            if unc is not None:
+                unc.last_inc_t = None
+        return r.update(value, t, self.alpha, self._learning(dev, name + "_rate"), count_first)
 
     def count(self, dev: Device, name: str, n: float, t: float, *, hour: bool = False) -> None:
         """Adds ``n`` events to a signal (e.g. a sample with a hardware clock event)."""
@@ -295,12 +319,16 @@ class HealthEngine:
         if f.get("remap_failure"):
             out.append(RuleHit("row_remap_failure", _D, f"row remap failure (XID 64 class; service required) since "
                                                         f"@{since.get('remap_failure', t):.0f}"))
-        self._new_since_warmup(dev, "ecc_uncorrected", "ecc_uncorrected", "uncorrectable ECC errors", _D, t, out)
+        unc = dev.rates.get("ecc_uncorrected")
+        if unc is not None and unc.last_inc_t is not None and t - unc.last_inc_t < self.s.fault_hold_s:
+            out.append(RuleHit("ecc_uncorrected", _D, f"uncorrectable ECC errors: +{_fmt(unc.total)} since first "
+                                                      f"seen, last @{unc.last_inc_t:.0f}"))
         if f.get("nvlink_down"):
             out.append(RuleHit("nvlink_down", _D, f"{int(f['nvlink_down'])} NVLink link(s) went down "
                                                   f"@{since.get('nvlink_down', t):.0f}"))
         for rule, state in (("xid_drain", _D), ("xid_watch", _W)):
-            recent = [(et, code) for et, r, code in dev.events if r == rule and t - et <= self.s.clear_after_s]
+            hold = self.s.fault_hold_s if state is _D else self.s.clear_after_s
+            recent = [(et, code) for et, r, code in dev.events if r == rule and t - et <= hold]
             if recent:
                 codes = ",".join(str(c) for c in sorted({c for _, c in recent}))
                 out.append(RuleHit(rule, state, f"XID {codes} ({len(recent)}x, last @{recent[-1][0]:.0f})"))

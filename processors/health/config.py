@@ -45,6 +45,9 @@ class HealthConfig:
     recurrence_window_s: float = 30 * 86400.0
     #: A device goes back to healthy only after no rule held for this long (drain and watch do not flicker).
     clear_after_s: float = 3600.0
+    #: A drain-class fault (uncorrectable ECC, a drain-class XID) holds this long after it happened (NVIDIA: drain,
+    #: reset, service), unless its counter shows the GPU was reset.
+    fault_hold_s: float = 86400.0
     #: Devices tracked at most (bounded memory); the least recently seen is forgotten first.
     max_devices: int = 20_000
 
@@ -54,7 +57,7 @@ class HealthConfig:
             value = getattr(self, key)
             if not value > 0:
                 raise ValueError(f"{key} must be > 0 (got {value})")
-        for key in ("warmup_s", "clear_after_s"):
+        for key in ("warmup_s", "clear_after_s", "fault_hold_s"):
             value = getattr(self, key)
             if not value >= 0:
                 raise ValueError(f"{key} must be >= 0 (got {value})")

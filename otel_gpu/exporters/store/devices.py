@@ -82,8 +82,9 @@ def _text(value: Any) -> str | None:
 
 def _list(value: Any) -> list[str]:
     if isinstance(value, list):
-        return [str(v) for v in value][:50]
-    return [] if value in (None, "") else [str(value)]
+        return [v if isinstance(v, str) else json.dumps(v, sort_keys=True, default=str) for v in value[:50]]
+    return [] if value in (None, "") else [value if isinstance(value, str) else json.dumps(value, sort_keys=True,
+                                                                                           default=str)]
 
 
 # -- writer side ---------------------------------------------------------------------------------------------------
