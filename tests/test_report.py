@@ -101,7 +101,8 @@ def test_json_report_is_the_public_contract(store):
     code, out, _ = run(store, fmt="json")
     assert code == 0
     report = json.loads(out)
-    assert set(report) == {"failures", "goodput", "jobs"}
+    assert set(report) == {"failures", "goodput", "jobs", "devices"}
+    assert report["devices"] == []  # devices to drain / to watch (none in this store)
     assert report["failures"] == [XID, HANG]
     for record in report["failures"]:
         assert set(RECORD_KEYS) <= set(record)
