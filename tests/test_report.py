@@ -130,7 +130,7 @@ def test_missing_and_empty_store(tmp_path):
     empty = tmp_path / "empty"
     db.open_writer(empty).close()
     assert run(empty) == (0, "no failures recorded\ngoodput: no data\n", "")
-    assert json.loads(run(empty, fmt="json")[1]) == {"failures": [], "goodput": None, "jobs": []}
+    assert json.loads(run(empty, fmt="json")[1]) == {"failures": [], "goodput": None, "jobs": [], "devices": []}
 
 
 def test_not_a_store_is_a_clear_error(tmp_path):
