@@ -141,6 +141,13 @@ class Rate:
         self._roll(int(t // _BUCKET_S), alpha, learn)
         self._put(n, t, t)
 
+    def thirds(self) -> tuple[float, float, float]:
+        """Counts in the oldest, middle and newest third of the window (as of the last roll)."""
+        n = len(self.ring)
+        ordered = [self.ring[(self.minute - n + 1 + k) % n] for k in range(n)]
+        a, b = n // 3, 2 * n // 3
+        return float(sum(ordered[:a])), float(sum(ordered[a:b])), float(sum(ordered[b:]))
+
     def window(self, t: float, alpha: float, learn: bool) -> float:
         """Increments in the ring's window ending now."""
         self._roll(int(t // _BUCKET_S), alpha, learn)
@@ -285,6 +292,9 @@ class HealthEngine:
 
     # -- rules -----------------------------------------------------------------------------------------------------
     def _rate_rule(self, dev: Device, name: str, rule: str, label: str, t: float, out: list[RuleHit]) -> None:
+        """Watch / drain when the window's count reaches its threshold *and* the excess is spread over time: at least
+        two of the window's three thirds hold a sixth of the threshold each, so that one burst (many errors in a
+        minute, then quiet) is not a trend."""
         r = dev.rates.get(name)
         if r is None or t - dev.first_seen < self.s.warmup_s:
             return
@@ -294,15 +304,16 @@ class HealthEngine:
             return
         expected = r.baseline * len(r.ring)
         minutes = len(r.ring)
+        thirds = r.thirds()
         base = f"baseline {_fmt(expected)}/{minutes} min"
-        if n >= self.s.drain_min_count and n >= self.s.drain_factor * expected:
-            ratio = f", {n / expected:.0f}x" if expected > 0 else ""
-            out.append(RuleHit(rule, _D, f"{label}: {_fmt(n)} in {minutes} min ({base}{ratio}) >= drain "
-                                         f"{_fmt(max(self.s.drain_min_count, self.s.drain_factor * expected))}"))
-        elif n >= self.s.watch_factor * expected:
-            ratio = f", {n / expected:.0f}x" if expected > 0 else ""
-            out.append(RuleHit(rule, _W, f"{label}: {_fmt(n)} in {minutes} min ({base}{ratio}) >= watch "
-                                         f"{_fmt(max(self.s.watch_min_count, self.s.watch_factor * expected))}"))
+        ratio = f", {n / expected:.0f}x" if expected > 0 else ""
+        for state, factor, least in ((_D, self.s.drain_factor, self.s.drain_min_count),
+                                     (_W, self.s.watch_factor, self.s.watch_min_count)):
+            threshold = max(least, factor * expected)
+            if n >= threshold and sum(1 for c in thirds if c >= threshold / 6) >= 2:
+                out.append(RuleHit(rule, state, f"{label}: {_fmt(n)} in {minutes} min ({base}{ratio}) >= "
+                                                f"{state.value} {_fmt(threshold)}"))
+                return
 
     def _new_since_warmup(self, dev: Device, name: str, rule: str, label: str, state: DeviceState, t: float,
                           out: list[RuleHit]) -> None:
