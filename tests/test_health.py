@@ -435,3 +435,52 @@ def test_store_links_a_failure_once_across_revisions_and_survives_hostile_bodies
             assert states["gpu:y"]["evidence"] == ['{"a": 1}']
     finally:
         store.shutdown(5)
+
+
+def test_in_a_real_collector_a_failed_remap_reaches_the_store_the_report_and_the_metrics(tmp_path, monkeypatch):
+    """The YAML a user writes: nvml (fake) -> health -> store + capture; the row-remap failure at 1 s is a drain,
+    kept in the store (shared services wire health and store together), and shown by otel-gpu report."""
+    from otel_gpu.collector import registry
+    from otel_gpu.collector.config import load_text
+    from otel_gpu.collector.runtime import Collector
+
+    monkeypatch.setitem(registry.BUILTIN["exporter"], "capture", "otel_gpu.testing.capture")
+    scenario = tmp_path / "nvml.yaml"
+    scenario.write_text("gpu_count: 2\ntimeline:\n  - {at_s: 1, gpu: 1, set: {remap_failure: 1}}\n")
+    store_dir = tmp_path / "store"
+    text = f"""
+receivers:
+  nvml: {{backend: fake, scenario: "{scenario}", interval_s: 0.2, host_name: rack1-node7}}
+processors:
+  health: {{sample_interval_s: 0.2, evaluate_interval_s: 0.2}}
+exporters:
+  store: {{path: "{store_dir}"}}
+  capture: {{}}
+service:
+  pipelines:
+    metrics: {{receivers: [nvml], processors: [health], exporters: [capture]}}
+    logs: {{receivers: [nvml], processors: [health], exporters: [store, capture]}}
+"""
+    collector = Collector(load_text(text))
+    collector.start()
+    try:
+        capture = collector.component("exporter", "capture")
+        health = collector.component("processor", "health")
+        wait_until(lambda: any(d["state"] == "drain" and d["kind"] == "gpu" for d in health.service.states()), 15)
+        uuid = next(d["uuid"] for d in health.service.states() if d["state"] == "drain" and d["kind"] == "gpu")
+        wait_until(lambda: any(m.name == H.HEALTH.name and a[str(H.DEVICE_ID)] == f"gpu:{uuid}" and
+                               a[str(H.DEVICE_STATE)] == "drain" and p.as_int == 1
+                               for b in list(capture.batches) if b.signal is Signal.METRICS
+                               for m, p, a in iter_points(b.message)), 10)
+        assert collector.component("exporter", "store").force_flush(5)
+    finally:
+        collector.shutdown(10)
+    report = build_report(str(store_dir))
+    drained = {d["device_id"]: d for d in report["devices"] if d["state"] == "drain"}
+    assert set(drained) == {f"gpu:{uuid}", "node:rack1-node7"}
+    assert drained[f"gpu:{uuid}"]["gpu_index"] == 1 and drained[f"gpu:{uuid}"]["rules"] == ["row_remap_failure"]
+    with db.open_reader(store_dir) as conn:
+        from otel_gpu.exporters.store.devices import device_events
+
+        events = device_events(conn, f"gpu:{uuid}")
+    assert [e["state"] for e in reversed(events)] == ["healthy", "drain"]
