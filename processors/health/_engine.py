@@ -292,9 +292,9 @@ class HealthEngine:
 
     # -- rules -----------------------------------------------------------------------------------------------------
     def _rate_rule(self, dev: Device, name: str, rule: str, label: str, t: float, out: list[RuleHit]) -> None:
-        """Watch / drain when the window's count reaches its threshold *and* the excess is spread over time: at least
-        two of the window's three thirds hold a sixth of the threshold each, so that one burst (many errors in a
-        minute, then quiet) is not a trend."""
+        """Watch / drain when the window's count reaches its threshold *and* the excess is spread over time: the
+        count without its largest minute reaches the threshold, and at least two of the window's three thirds hold a
+        sixth of it each, so that one burst (many errors in a minute, then quiet) is not a trend."""
         r = dev.rates.get(name)
         if r is None or t - dev.first_seen < self.s.warmup_s:
             return
@@ -305,12 +305,13 @@ class HealthEngine:
         expected = r.baseline * len(r.ring)
         minutes = len(r.ring)
         thirds = r.thirds()
+        trimmed = n - max(r.ring)
         base = f"baseline {_fmt(expected)}/{minutes} min"
         ratio = f", {n / expected:.0f}x" if expected > 0 else ""
         for state, factor, least in ((_D, self.s.drain_factor, self.s.drain_min_count),
                                      (_W, self.s.watch_factor, self.s.watch_min_count)):
             threshold = max(least, factor * expected)
-            if n >= threshold and sum(1 for c in thirds if c >= threshold / 6) >= 2:
+            if trimmed >= threshold and sum(1 for c in thirds if c >= threshold / 6) >= 2:
                 out.append(RuleHit(rule, state, f"{label}: {_fmt(n)} in {minutes} min ({base}{ratio}) >= "
                                                 f"{state.value} {_fmt(threshold)}"))
                 return

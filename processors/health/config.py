@@ -17,11 +17,11 @@ __all__ = ["HealthConfig"]
 class HealthConfig:
     #: How often a node's counters are read from the batches that flow by (the receivers poll at 1 Hz; counters are
     #: cumulative, so the batches in between are passed on untouched and nothing is lost).
-    sample_interval_s: float = 30.0
+    sample_interval_s: float = 60.0
     #: NVLink counters (up to 18 links x 5 error types per GPU: most of a node's points) are read this often.
     nvlink_sample_interval_s: float = 300.0
     #: How often the rules are evaluated and the health metrics are emitted.
-    evaluate_interval_s: float = 30.0
+    evaluate_interval_s: float = 60.0
     #: Rates are counted over this window ...
     short_window_s: float = 900.0
     #: ... and compared with the device's own baseline, learned with this half-life while the device is quiet.
