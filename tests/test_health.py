@@ -484,3 +484,24 @@ service:
 
         events = device_events(conn, f"gpu:{uuid}")
     assert [e["state"] for e in reversed(events)] == ["healthy", "drain"]
+
+
+def test_a_withdrawn_verdict_no_longer_counts_against_its_devices(tmp_path):
+    from otel_gpu.otlp_build import LogsBuilder
+
+    services: dict = {}
+    store = _store(tmp_path, services)
+    try:
+        record = {"failure_id": "f-2", "version": 1, "kind": "hang", "root_cause": "nic_link_down", "job_id": "j",
+                  "onset_time": 100.0, "culprit": {"rank": 0, "host": "h2", "gpu": None}}
+        for body in (record, {**record, "version": 2, "status": "withdrawn"}):
+            lb = LogsBuilder()
+            lb.event(F.FAILURE_EVENT, body)
+            store.export(Batch.from_message(Signal.LOGS, lb.build()))
+            assert store.force_flush(5)
+            counts = services["device_history"].culprit_counts(device_ids=["node:h2"])
+            if body is record:
+                assert counts["node:h2"]["failures"] == 1
+        assert counts == {}
+    finally:
+        store.shutdown(5)

@@ -151,9 +151,17 @@ def failure_device_ids(record: dict[str, Any], resolve_gpu: Any = None) -> list[
     return ids
 
 
+def _withdrawn(record: dict[str, Any]) -> bool:
+    return record.get("status") == "withdrawn" or record.get("withdrawn") is True
+
+
 def link_failure(conn: sqlite3.Connection, record: dict[str, Any], received: float, ids: Iterable[str]) -> None:
-    """Links a stored failure to its devices (a revision of the same failure replaces its links)."""
+    """Links a stored failure to its devices (a revision of the same failure replaces its links; a withdrawn verdict,
+    e.g. a hang whose ranks resumed, removes them)."""
     key = failure_key(record)
+    if _withdrawn(record):
+        conn.execute("DELETE FROM device_failures WHERE failure_key = ?", (key,))
+        return
     t = _num(record.get("onset_time")) or _num(record.get("detected_time")) or received
     for did in ids:
         conn.execute("INSERT OR REPLACE INTO device_failures (device_id, failure_key, job_id, time, root_cause, "
@@ -301,6 +309,8 @@ class DeviceHistory:
         return failure_device_ids(record, self.resolve_gpu)
 
     def add_pending(self, record: dict[str, Any]) -> None:
+        if _withdrawn(record):
+            return
         ids = self.ids(record)
         if ids:
             t = _num(record.get("onset_time")) or _num(record.get("detected_time")) or time.time()
