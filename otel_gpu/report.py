@@ -51,7 +51,9 @@ def job_timelines(store: str, job_ids: list[str]) -> list[Any]:
 
 
 def build_report(store: str, job_id: str | None = None, limit: int | None = 50) -> dict[str, Any]:
-    """The report as a JSON-ready dict: ``{"failures": [...], "goodput": {...} | None, "jobs": [...]}``.
+    """The report as a JSON-ready dict: ``{"failures": [...], "goodput": {...} | None, "devices": [...],
+    "jobs": [...]}``. ``devices``: the devices to drain, then to watch (``db.device_states``), with evidence and the
+    failures (and jobs) they were the culprit of.
 
     ``goodput`` is the selected job's latest summary, or (no job selected) the most recently updated job's.
 
@@ -66,13 +68,14 @@ def build_report(store: str, job_id: str | None = None, limit: int | None = 50) 
         failures = db.failures(conn, job_id, limit)
         goodput = db.goodput(conn, job_id) if job_id is not None else db.latest_goodput(conn)
         jobs = db.jobs(conn, job_id)
+        devices = db.device_states(conn, ("drain", "watch"))
         conn.execute("COMMIT")
     finally:
         conn.close()
     from otel_gpu.plot import one_line
 
     lines = {tl.job_id: one_line(tl) for tl in job_timelines(store, [j["job_id"] for j in jobs])}
-    return {"failures": failures, "goodput": goodput,
+    return {"failures": failures, "goodput": goodput, "devices": devices,
             "jobs": [{**{k: j[k] for k in ("job_id", "first_seen", "last_seen", "ranks", "hosts", "world_size",
                                            "goodput")}, "timeline": lines.get(j["job_id"])} for j in jobs]}
 
@@ -212,6 +215,32 @@ def _goodput_lines(goodput: dict[str, Any] | None, title: str = "goodput") -> li
     return lines
 
 
+def _device_lines(devices: list[dict[str, Any]]) -> list[str]:
+    """The "devices to drain / to watch" section."""
+    lines: list[str] = []
+    for state, title in (("drain", "devices to drain"), ("watch", "devices to watch")):
+        chosen = [d for d in devices if d.get("state") == state]
+        if not chosen:
+            continue
+        lines.append(f"{title} ({len(chosen)}):")
+        for d in chosen:
+            who = d.get("device_id") or "?"
+            extra = [f"GPU {d['gpu_index']}" if d.get("gpu_index") is not None else "", d.get("serial") or ""]
+            where = f" on {d['host']}" if d.get("host") and d.get("kind") != "node" else ""
+            tail = ", ".join(x for x in extra if x)
+            score = _num(d.get("score"))
+            lines.append(f"  {who}{where}{f' ({tail})' if tail else ''}: {state} since {_time(d.get('since'))}"
+                         + (f", score {score:.0f}" if score is not None else ""))
+            for item in (d.get("evidence") or [])[:6]:
+                lines.append(f"    - {item}")
+            failures = d.get("failures") or {}
+            if failures.get("failures"):
+                n, jobs = int(failures["failures"]), failures.get("jobs") or []
+                lines.append(f"    culprit of {n} failure{'s' if n != 1 else ''} from {_time(failures.get('first'))} "
+                             f"to {_time(failures.get('last'))}; jobs hurt: {', '.join(map(str, jobs)) or 'unknown'}")
+    return lines
+
+
 def format_text(report: dict[str, Any]) -> str:
     """What a person wants to read: each failure with its cause, culprit and evidence; then goodput and jobs."""
     lines: list[str] = []
@@ -225,6 +254,10 @@ def format_text(report: dict[str, Any]) -> str:
             lines.extend(_failure_lines(record))
         lines.append("")
     lines.extend(_goodput_lines(report["goodput"]))
+    device_lines = _device_lines(report.get("devices") or [])
+    if device_lines:
+        lines.append("")
+        lines.extend(device_lines)
     jobs = report["jobs"]
     if jobs:
         lines.append("")

@@ -20,11 +20,15 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+from otel_gpu.exporters.store import devices as _devices
+from otel_gpu.exporters.store.devices import culprit_counts, device_events, device_states
+
 __all__ = ["DB_FILE", "SCHEMA_VERSION", "StoreMissing", "StoreTooNew", "db_path", "open_writer", "open_reader",
-           "failures", "goodput", "latest_goodput", "jobs", "failure_count"]
+           "failures", "goodput", "latest_goodput", "jobs", "failure_count",
+           "device_states", "device_events", "culprit_counts"]
 
 DB_FILE = "otel-gpu.db"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 # Each entry migrates from version i to i + 1 (index 0: empty file -> 1). Append; never edit a shipped step.
 _MIGRATIONS: list[tuple[str, ...]] = [
@@ -51,6 +55,7 @@ _MIGRATIONS: list[tuple[str, ...]] = [
         "WITHOUT ROWID",
         "CREATE TABLE job_hosts (job_id TEXT NOT NULL, host TEXT NOT NULL, PRIMARY KEY (job_id, host)) WITHOUT ROWID",
     ),
+    _devices.MIGRATION,  # 1 -> 2: device history (devices, device_events, device_failures)
 ]
 assert len(_MIGRATIONS) == SCHEMA_VERSION
 
