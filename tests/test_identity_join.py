@@ -101,3 +101,26 @@ def test_visible_devices_translation():
     assert nvml_index_from_visible_devices(0, "GPU-x") == 0
     assert uuid_from_visible_devices(0, "MIG-1/2/3") == "MIG-1/2/3"
     assert uuid_from_visible_devices(0, "0,1") is None
+
+
+def test_helm_chart_names_the_node_through_the_downward_api():
+    """The node agent's host.name (and its receivers' host_name) is spec.nodeName; the notes tell training pods to
+    set the same, since a ConfigMap cannot carry a fieldRef."""
+    helm = pytest.importorskip("helm_python", reason="helm-python-sdk is in the test extra")
+    import yaml
+    from pathlib import Path
+
+    chart = Path(__file__).resolve().parents[1] / "helm" / "otel-gpu"
+    with helm.Chart.load(str(chart)) as loaded:
+        out = loaded.render({}, name="rel", namespace="mon")
+    docs = [d for path, text in out.items() if not path.endswith("NOTES.txt") for d in yaml.safe_load_all(text) if d]
+    notes = next(text for path, text in out.items() if path.endswith("NOTES.txt"))
+    ds = next(d for d in docs if d["kind"] == "DaemonSet")
+    env = {e["name"]: e for e in ds["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert "host.name=$(NODE_NAME)" in env["OTEL_RESOURCE_ATTRIBUTES"]["value"]
+    config = next(yaml.safe_load(d["data"]["config.yaml"]) for d in docs
+                  if d["kind"] == "ConfigMap" and "config.yaml" in d.get("data", {}))
+    for receiver in ("nvml", "nic"):
+        assert config["receivers"][receiver]["host_name"] == "${env:NODE_NAME}"
+    assert "fieldPath: spec.nodeName" in notes and "host.name=$(NODE_NAME)" in notes

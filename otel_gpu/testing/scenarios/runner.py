@@ -60,6 +60,9 @@ class Scenario:
     fixed_rank: int | None = None  # the fault's rank is not drawn (e.g. rank 0's checkpoint)
     kinds: tuple[str, ...] = ()  # other kinds accepted for the first verdict (uneven inputs: peers wait or fail)
     agent_restart_s: float = 0.0  # restart the collector (the node agent) for this long when the fault begins
+    #: True statements that are no failure verdict: a 40 s save reported as rank 0's checkpoint_stall slowdown
+    #: (issue 10: a long checkpoint is "a checkpoint_stall/busy rank, not a hang"). Never a hang or a crash.
+    tolerated: tuple[Expect, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
     ci: bool = False  # part of the seeded CI subset
 
@@ -107,7 +110,8 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              kinds=("crash",), ci=True),
     Scenario("long_checkpoint", "long_checkpoint", None, None,
              "rank 0 saves a checkpoint for 40 s inside torch.save while the others wait (a healthy run)",
-             fixed_rank=0, steps=30, timeout_s=150.0, env=(("OTEL_GPU_CKPT_STALL_S", "40"),)),
+             fixed_rank=0, steps=30, timeout_s=150.0, env=(("OTEL_GPU_CKPT_STALL_S", "40"),),
+             tolerated=(Expect("slowdown", "checkpoint_stall", "0"),)),
     Scenario("agent_restart", "agent_restart", None, None,
              "the collector (node agent) restarts for 12 s mid-job (a healthy run)", steps=150, timeout_s=150.0,
              agent_restart_s=12.0),
@@ -234,7 +238,13 @@ class ScenarioResult:
                 missing.append(expect)
             else:
                 left.remove(hit)
+        left = [r for r in left if not any(self._matches(r, t, False) for t in self.scenario.tolerated)]
         return missing, left
+
+    @property
+    def tolerated(self) -> list[dict[str, Any]]:
+        """Verdicts found that the scenario tolerates (reported, not counted as false alarms)."""
+        return [r for r in self.records if any(self._matches(r, t, False) for t in self.scenario.tolerated)]
 
     @property
     def ok(self) -> bool:
