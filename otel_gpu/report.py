@@ -156,7 +156,9 @@ def _failure_lines(record: dict[str, Any]) -> list[str]:
     lines = [("WITHDRAWN " if withdrawn else "") + _headline(record)]
     versions = [v for v in record.get("versions") or () if isinstance(v, dict) and isinstance(v.get("record"), dict)]
     if withdrawn:
-        why = record.get("withdrawn_reason") or record.get("reason") or "the verdict was taken back"
+        summary = str(record.get("summary") or "")
+        why = record.get("withdrawn_reason") or (summary.split(":", 1)[1].split(";")[0].strip()
+                                                 if summary.startswith("withdrawn:") else "the verdict was taken back")
         lines.append(f"  status: withdrawn ({why}); not counted as a failure")
     if len(versions) > 1:
         steps = " -> ".join(f"v{v['version']} {_verdict(v['record'])}"

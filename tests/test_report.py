@@ -241,3 +241,15 @@ def test_report_shows_the_latest_version_history_in_json_and_withdrawn_verdicts(
            "v2 crash/gpu_fell_off_bus (rank 5, host node-b, GPU GPU-1234)" in lines
     assert any(line.startswith("WITHDRAWN HANG in job job-x") for line in lines)
     assert "  status: withdrawn (every rank resumed after 41.0 s); not counted as a failure" in lines
+
+
+def test_withdrawn_as_the_attribution_processor_writes_it(tmp_path):
+    folder = tmp_path / "data"
+    hang = {**HANG, "failure_id": "job-x/2", "version": 1}
+    fill(folder, [("otel_gpu.failure", hang),
+                  ("otel_gpu.failure", {**hang, "version": 2, "withdrawn": True,
+                                        "summary": "withdrawn: the ranks progressed again; " + HANG["summary"]})])
+    code, out, _ = run(folder)
+    assert code == 0
+    assert out.splitlines()[0] == "0 failures (newest first), 1 withdrawn verdict"
+    assert "  status: withdrawn (the ranks progressed again); not counted as a failure" in out.splitlines()
