@@ -76,6 +76,73 @@ def _stats(values: list[float]) -> str:
             f"max {max(values):.2f} s")
 
 
+def row(case: Case, r: ScenarioResult) -> dict:
+    """Everything the summary needs from one run, as JSON (one line per run in --json, so a cut-short run still
+    summarizes with --summarize)."""
+    pairs = []
+    for exp, found in _pairs(r):
+        got = _found_view(found)
+        node_ok = bool(case.scenario.culprit_is_node and found is not None and (found.get("culprit") or {}).get("host"))
+        pairs.append({"expected": {k: exp[k] for k in ("kind", "root_cause", "rank")}, "found": got,
+                      "found_any": found is not None, "culprit_ok": got["rank"] == exp["rank"] or node_ok})
+    return {"scenario": case.scenario.name, "kind": case.scenario.kind, "kinds": list(case.scenario.kinds),
+            "culprit_rank": case.culprit_rank, "second_rank": case.second_rank, "dirt": str(case.dirt),
+            "evidence_lag_s": case.evidence_lag_s if case.scenario.hardware else None, "ok": r.ok, "pairs": pairs,
+            "false_alarms": len(r.unmatched[1]) if case.scenario.kind is None else 0,
+            "tolerated": len(r.tolerated), "latency_s": r.latency_s,
+            "store_latency_s": r.store_latency_s if case.scenario.kind == "crash" else None,
+            "records": r.records, "withdrawn": len(r.withdrawn), "wall_s": round(r.wall_s, 1)}
+
+
+def summarize(rows: list[dict], total_s: float | None = None) -> None:
+    kinds: collections.Counter = collections.Counter()
+    causes: collections.Counter = collections.Counter()
+    culprits: collections.Counter = collections.Counter()
+    right = {"kind": 0, "root_cause": 0, "culprit": 0}
+    n_expected = n_found = false_alarms = healthy_runs = tolerated = 0
+    latency: dict[str, list[float]] = collections.defaultdict(list)
+    store_after_exit: list[float] = []
+    for rw in rows:
+        if rw["kind"] is None:
+            healthy_runs += 1
+            false_alarms += rw["false_alarms"]
+            tolerated += rw["tolerated"]
+        for p in rw["pairs"]:
+            exp, got = p["expected"], p["found"]
+            kinds[(exp["kind"], got["kind"])] += 1
+            causes[(exp["root_cause"], got["root_cause"])] += 1
+            culprits[(str(exp["rank"]) if exp["kind"] != NONE else NONE,
+                      str(got["rank"]) if p["found_any"] else NONE)] += 1
+            n_expected += exp["kind"] != NONE
+            n_found += p["found_any"]
+            if exp["kind"] != NONE and p["found_any"]:
+                right["kind"] += got["kind"] == exp["kind"] or got["kind"] in rw["kinds"]
+                right["root_cause"] += got["root_cause"] == exp["root_cause"]
+                right["culprit"] += p["culprit_ok"]
+        if rw["ok"] and rw["latency_s"] is not None:
+            latency[rw["kind"] or NONE].append(rw["latency_s"])
+        if rw["store_latency_s"] is not None:
+            store_after_exit.append(rw["store_latency_s"])
+    print()
+    for title, cells in (("kind", kinds), ("culprit rank", culprits), ("root cause", causes)):
+        labels = sorted({k for pair in cells for k in pair}, key=lambda x: (x == NONE, x))
+        print("\n".join(_matrix(title, cells, labels)))
+        print()
+    print(f"{'':14} {'precision':>9} {'recall':>7}")
+    for key in ("kind", "root_cause", "culprit"):
+        precision = right[key] / n_found if n_found else 1.0
+        recall = right[key] / n_expected if n_expected else 1.0
+        print(f"{key:14} {precision:9.2f} {recall:7.2f}")
+    print()
+    for kind in ("crash", "hang", "slowdown"):
+        print(f"latency {kind:8} (fault start -> verdict, right verdicts): {_stats(latency.get(kind, []))}")
+    print(f"crash record in the store after the first rank's exit: {_stats(store_after_exit)}")
+    print(f"false alarms: {false_alarms} on {healthy_runs} healthy runs (dirty hardware, long checkpoints, "
+          f"agent restarts, thread exceptions)" + (f"; {tolerated} tolerated checkpoint_stall report(s) of a long "
+                                                      "save (true, no hang or crash)" if tolerated else ""))
+    print(f"right: {sum(rw['ok'] for rw in rows)}/{len(rows)}" + (f"; total {total_s:.0f} s" if total_s else ""))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=60)
@@ -83,8 +150,13 @@ def main() -> int:
     parser.add_argument("--only", nargs="*", help="scenario names (default: all)")
     parser.add_argument("--healthy-share", type=float, default=0.2, help="share of healthy-type runs (default 0.2)")
     parser.add_argument("--hang-timeout", type=float, default=8.0)
-    parser.add_argument("--json", help="write every run's result here")
+    parser.add_argument("--json", help="append one JSON line per run here (as it finishes)")
+    parser.add_argument("--summarize", help="print the summary of a --json file (e.g. of a run cut short) and exit")
     args = parser.parse_args()
+    if args.summarize:
+        rows = [json.loads(line) for line in Path(args.summarize).read_text().splitlines() if line.strip()]
+        summarize(rows)
+        return 0 if all(rw["ok"] for rw in rows) else 1
     unknown = [n for n in args.only or () if n not in SCENARIOS]
     if unknown:
         parser.error(f"unknown scenario(s) {unknown}; known: {', '.join(SCENARIOS)}")
@@ -93,11 +165,14 @@ def main() -> int:
     print(f"seed {args.seed}; {len(cases)} runs; hang timeout {args.hang_timeout} s", flush=True)
     print(f"{'#':>3} {'scenario':17} {'k':>3} {'dirt':26} {'lag':>5} {'expected':40} {'found':40} {'det':>6} "
           f"{'store':>6} {'ok':>3}", flush=True)
-    results: list[tuple[Case, ScenarioResult]] = []
+    rows: list[dict] = []
     start = time.time()
     for i, case in enumerate(cases, 1):
         r = run_case(case, hang_timeout_s=args.hang_timeout, seed=rng.randrange(1 << 30))
-        results.append((case, r))
+        rows.append(row(case, r))
+        if args.json:
+            with open(args.json, "a") as fh:
+                fh.write(json.dumps(rows[-1]) + "\n")
         exp = "; ".join(f"{e.kind}/{e.root_cause}@{r._rank_for(e.who)}" for e in case.scenario.expected) or NONE
         found = "; ".join(f"{f['kind']}/{f['root_cause']}@{(f.get('culprit') or {}).get('rank')}"
                           + (f" v{f['version']}" if (f.get("version") or 1) > 1 else "") for f in r.records) or NONE
@@ -108,66 +183,11 @@ def main() -> int:
         print(f"{i:>3} {case.scenario.name:17} {k:>3} {str(case.dirt):26} {lag:>5} {exp[:40]:40} {found[:40]:40} "
               f"{det:>6} {store:>6} {'yes' if r.ok else 'NO':>3}", flush=True)
         if not r.ok:
-            print("      job output tail: " + " | ".join(r.job_output.strip().splitlines()[-3:])[:300], flush=True)
-    total = time.time() - start
-
-    kinds: collections.Counter = collections.Counter()
-    causes: collections.Counter = collections.Counter()
-    culprits: collections.Counter = collections.Counter()
-    right = {"kind": 0, "root_cause": 0, "culprit": 0}
-    n_expected = n_found = false_alarms = healthy_runs = tolerated = 0
-    latency: dict[str, list[float]] = collections.defaultdict(list)
-    store_after_exit: list[float] = []
-    for case, r in results:
-        if case.scenario.kind is None:
-            healthy_runs += 1
-            false_alarms += len(r.unmatched[1])
-            tolerated += len(r.tolerated)
-        for exp, found in _pairs(r):
-            got = _found_view(found)
-            kinds[(exp["kind"], got["kind"])] += 1
-            causes[(exp["root_cause"], got["root_cause"])] += 1
-            culprits[(str(exp["rank"]) if exp["kind"] != NONE else NONE,
-                      str(got["rank"]) if found is not None else NONE)] += 1
-            n_expected += exp["kind"] != NONE
-            n_found += found is not None
-            if exp["kind"] != NONE and found is not None:
-                right["kind"] += got["kind"] == exp["kind"] or got["kind"] in case.scenario.kinds
-                right["root_cause"] += got["root_cause"] == exp["root_cause"]
-                right["culprit"] += got["rank"] == exp["rank"] or bool(case.scenario.culprit_is_node
-                                                                       and (found.get("culprit") or {}).get("host"))
-        if r.ok and r.latency_s is not None:
-            latency[case.scenario.kind or NONE].append(r.latency_s)
-        if case.scenario.kind == "crash" and r.store_latency_s is not None:
-            store_after_exit.append(r.store_latency_s)
-    kind_labels = sorted({k for pair in kinds for k in pair}, key=lambda x: (x == NONE, x))
-    cause_labels = sorted({k for pair in causes for k in pair}, key=lambda x: (x == NONE, x))
-    culprit_labels = sorted({k for pair in culprits for k in pair}, key=lambda x: (x == NONE, x))
-    print()
-    for title, cells, labels in (("kind", kinds, kind_labels), ("culprit rank", culprits, culprit_labels),
-                                 ("root cause", causes, cause_labels)):
-        print("\n".join(_matrix(title, cells, labels)))
-        print()
-    print(f"{'':14} {'precision':>9} {'recall':>7}")
-    for key in ("kind", "root_cause", "culprit"):
-        precision = right[key] / n_found if n_found else 1.0
-        recall = right[key] / n_expected if n_expected else 1.0
-        print(f"{key:14} {precision:9.2f} {recall:7.2f}")
-    print()
-    for kind in ("crash", "hang", "slowdown"):
-        print(f"latency {kind:8} (fault start -> verdict): {_stats(latency.get(kind, []))}")
-    print(f"crash record in the store after the first rank's exit: {_stats(store_after_exit)}")
-    print(f"false alarms: {false_alarms} on {healthy_runs} healthy runs (dirty hardware, long checkpoints, "
-          f"agent restarts, thread exceptions)" + (f"; {tolerated} tolerated checkpoint_stall report(s) of a long "
-                                                      "save (true, no hang or crash)" if tolerated else ""))
-    print(f"right: {sum(r.ok for _, r in results)}/{len(results)}; total {total:.0f} s")
-    if args.json:
-        Path(args.json).write_text(json.dumps([{
-            "scenario": c.scenario.name, "culprit_rank": c.culprit_rank, "second_rank": c.second_rank,
-            "dirt": str(c.dirt), "evidence_lag_s": c.evidence_lag_s, "ok": r.ok, "records": r.records,
-            "latency_s": r.latency_s, "store_latency_s": r.store_latency_s, "wall_s": r.wall_s}
-            for c, r in results], indent=1))
-    return 0 if all(r.ok for _, r in results) else 1
+            for f in r.records:
+                print(f"      found {f['kind']}/{f['root_cause']} rank {(f.get('culprit') or {}).get('rank')}: "
+                      f"{'; '.join(map(str, f.get('evidence') or []))[:240]}", flush=True)
+    summarize(rows, time.time() - start)
+    return 0 if all(rw["ok"] for rw in rows) else 1
 
 
 if __name__ == "__main__":
