@@ -500,8 +500,10 @@ def run_scenario(scenario: Scenario, culprit_rank: int = 1, *, workdir: Path | N
             for record in stored:
                 seen.setdefault(_failure_key(record), time.time())
             live = [r for r in stored if not db.is_withdrawn(r)]
-            if complete_at is None and scenario.expected and len(live) >= len(scenario.expected):
-                complete_at = time.time()
+            if scenario.expected and len(live) >= len(scenario.expected):
+                complete_at = complete_at or time.time()
+            else:
+                complete_at = None  # a verdict withdrawn meanwhile: keep watching for the real one
             if complete_at is not None and time.time() - complete_at > grace:
                 break
             if exited_at is None and job.poll() is not None:
