@@ -93,13 +93,13 @@ class Cluster:
                 cnt.update((counters or {}).get(f"{host}:{port}", {}))
                 self.engine.observe_nic(NicSample(host, port, t, up=up, counters=cnt))
 
-    def history(self, start: float, end: float, dt: float = 5.0) -> None:
+    def history(self, start: float, end: float, dt: float = 5.0, clock: dict | None = None) -> None:
         """Dirty device history before the job, and an old XID 79 on every host's GPU 0 ten minutes ago."""
         for host in self.hosts():
             self.engine.observe_xid(XidSeen(host, "0", 79, start + 1.0, pid=4242))
         t = start
         while t < end:
-            self.devices(t)
+            self.devices(t, clock=clock)
             t += dt
 
     def xid(self, rank: int, code: int, t: float, *, pid: int | None = None) -> None:

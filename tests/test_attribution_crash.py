@@ -149,3 +149,39 @@ def test_a_rank_that_ended_cleanly_before_its_peers_failed_is_the_culprit():
     (_, rec), = c.run(T0 + 12, T0 + 20)
     assert (rec.kind.value, rec.root_cause.value, rec.culprit.rank) == ("crash", "rank_exited_early", 0)
     assert rec.action.value == "user_fix"
+
+
+@pytest.mark.parametrize("exit_late_s", [0.2, 0.9, 3.0])
+def test_a_crash_is_named_fast_and_revised_when_the_culprits_own_report_comes_late(exit_late_s):
+    """The survivors' errors arrive first; the killed rank's exit report may come seconds later. The first verdict
+    goes out within a second of the first report, and a late first cause revises it (same failure id)."""
+    c = Cluster(world=4)
+    culprit = random.Random(int(exit_late_s * 10)).randrange(4)
+    first = T0 + 10.0
+    for r in range(4):
+        if r != culprit:
+            c.engine.observe_exception(ExceptionSeen(c.who(r), first + 0.05, "RuntimeError",
+                                                     "Connection closed by peer", "gloo_error"), first + 0.05)
+
+    def feed(t):
+        if abs(t - (first + exit_late_s)) < 0.05:
+            c.engine.observe_exit(ExitSeen(c.who(culprit), first, -9, "SIGKILL"), t)
+    found = c.run(first + 0.05, first + 8, feed, dt=0.1)
+    assert found and found[0][0] - first <= 1.1, "a first verdict within about a second"
+    final = list(latest([r for _, r in found]).values())
+    assert len(final) == 1
+    rec = final[0]
+    assert (rec.root_cause.value, rec.culprit.rank) == ("rank_process_died", culprit), [
+        (r.root_cause.value, r.culprit.rank, r.version) for _, r in found]
+
+
+def test_a_job_stopped_on_purpose_is_no_crash_even_when_the_stop_signals_arrive_spread_out():
+    c = Cluster(world=4)
+    order = random.Random(5).sample(range(4), 4)
+    c.engine.observe_exit(ExitSeen(c.who(order[0]), T0 + 10, -15, "SIGTERM"), T0 + 10)
+
+    def feed(t):
+        for i, r in enumerate(order[1:]):
+            if abs(t - (T0 + 10.6 + 0.3 * i)) < 0.05:
+                c.engine.observe_exit(ExitSeen(c.who(r), T0 + 10.1, -15, "SIGTERM"), t)
+    assert c.run(T0 + 10, T0 + 20, feed, dt=0.1) == []

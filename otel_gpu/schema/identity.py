@@ -13,6 +13,9 @@ LOCAL_RANK = attr("training.local_rank", "int", "Rank on its node (LOCAL_RANK)."
 WORLD_SIZE = attr("training.world_size", "int", "Number of ranks in the job (WORLD_SIZE).", group=_G)
 RESTART_COUNT = attr("training.restart_count", "int", "torchelastic restart count (TORCHELASTIC_RESTART_COUNT).",
                      group=_G)
+NET_INTERFACES = attr("training.net.interfaces", "string",
+                      "Network interfaces / HCAs the rank communicates over, comma-separated (from GLOO_SOCKET_IFNAME, "
+                      "NCCL_SOCKET_IFNAME, NCCL_IB_HCA); only their ports are network evidence for the job.", group=_G)
 HOST_NAME = attr("host.name", "string", "Host name of the node.", group=_G, semconv=True)
 PROCESS_PID = attr("process.pid", "int", "Process id.", group=_G, semconv=True)
 SERVICE_NAME = attr("service.name", "string", "OTEL_SERVICE_NAME; defaults to otel-gpu-training.", group=_G,

@@ -12,8 +12,8 @@ What the end of the chain is doing decides the cause:
 - in a checkpoint (a checkpoint span, ``torch.save``, ``torch.distributed.checkpoint`` on its stack): busy, not a
   hang, until ``checkpoint_timeout_s``; then ``checkpoint_stall``;
 - waiting for data: ``dataloader_stall``;
-- not a single collective started yet (importing, reading its data set, building its model): starting, not hung,
-  until ``startup_timeout_s``;
+- before its first step (importing, reading its data set, building its model): starting, not hung, until
+  ``startup_timeout_s``;
 - anywhere else (asleep, a lock, a loop): ``rank_not_in_collective``; user code on top of its stack makes it the
   user's to fix. The decision waits up to ``stack_grace_s`` for a fresh stack, then goes out without one;
 - never reported: ``rank_not_in_collective`` with what is known.
@@ -255,12 +255,12 @@ def _chain_end(engine: Engine, job: JobState, ends: list[int], roots: list[RankS
         return None  # it crashed: the crash detector names it
     if culprit.last_seen < now - s.heartbeat_timeout_s / 2:
         return None  # it stopped reporting: gone or frozen, a crash or a lost node (decide_silent)
-    silent = False
-    if not silent and hb is not None and not any(hb.last_started_seq.values()) and now - onset < s.startup_timeout_s:
-        return None  # it has not started any collective yet: still importing, loading, building its model
+    starting = hb is not None and (not any(hb.last_started_seq.values()) or (not hb.step and not job.step_done))
+    if starting and now - onset < s.startup_timeout_s:
+        return None  # before its first step: still importing, loading its data, building its model
     if _in_checkpoint(culprit):
         busy_for = now - onset
-        if busy_for < s.checkpoint_timeout_s and not silent:
+        if busy_for < s.checkpoint_timeout_s:
             return None  # a long checkpoint on one rank: busy, not hung (yet)
         ev.append(Evidence("training.state", "checkpoint", onset))
         finding = Finding(Kind.HANG, RootCause.CHECKPOINT_STALL, onset, 0.8, n, culprit.who.host, None, ev,
@@ -271,7 +271,7 @@ def _chain_end(engine: Engine, job: JobState, ends: list[int], roots: list[RankS
         return finding
     fresh = culprit.stacks is not None and culprit.stacks.time >= onset
     grace_over = now >= onset + timeout + s.stack_grace_s
-    if not fresh and not silent and not grace_over:
+    if not fresh and not grace_over:
         return None  # its watchdog sends the stack soon: where it is decides user vs software
     where = stack_top(culprit) if fresh or (culprit.stacks is None and hb is not None) else None
     if where:
@@ -293,7 +293,7 @@ def _chain_end(engine: Engine, job: JobState, ends: list[int], roots: list[RankS
             confidence = min(confidence, 0.7)
     summary = (f"rank {n} never reached {what} (pg {pg}); {len(roots)} rank(s) wait for it"
                + (f"; it is at {where}" if where else "; no stack from it yet")
-               + (f"; it has sent no heartbeat for {now - culprit.last_seen:.0f} s" if silent else "") + tail)
+               + tail)
     # A rank asleep or looping in user code is not explained by hardware; one stuck inside a library may be.
     explainable = [] if category is Category.USER else [n] + [r.rank for r in roots]
     finding = Finding(Kind.HANG, cause, onset, confidence, n, culprit.who.host, None, ev, summary,

@@ -85,10 +85,9 @@ def _identity(res: dict[str, Any]) -> Identity | None:
                     gpu_uuid=str(uuid) if uuid else None, net_ifaces=_ifaces(res.get(NET_INTERFACES)))
 
 
-#: Resource attribute: the network interfaces / HCAs a rank communicates over (GLOO_SOCKET_IFNAME,
-#: NCCL_SOCKET_IFNAME, NCCL_IB_HCA; comma-separated text or a string array). Only those ports can be network evidence
-#: for the job; without it, the ports that were up when the job started.
-NET_INTERFACES = "training.net.interfaces"
+#: The network interfaces / HCAs a rank communicates over: only their ports can be network evidence for the job;
+#: without it, the ports that were up when the job started.
+NET_INTERFACES = str(I.NET_INTERFACES)
 
 
 def _ifaces(value: Any) -> frozenset[str] | None:
@@ -155,6 +154,7 @@ class AttributionProcessor(Processor):
             startup_timeout_s=config.startup_timeout_s))
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._wake = threading.Event()  # set when a crash incident opens: its decision falls due before a tick
         self._thread: threading.Thread | None = None
         self._records: list[FailureRecord] = []  # everything reported, newest last (bounded)
         self._tagging: dict[str, FailureRecord] = {}  # job -> the hang or slowdown its spans are tagged with
@@ -168,16 +168,31 @@ class AttributionProcessor(Processor):
 
     def shutdown(self, timeout_s: float = 5.0) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
         self.tick()  # what was decided in the last moments still goes out
 
     def _run(self) -> None:
-        while not self._stop.wait(self.config.tick_interval_s):
+        while not self._stop.is_set():
+            self._wake.wait(self._next_wait())
+            self._wake.clear()
+            if self._stop.is_set():
+                break
             try:
                 self.tick()
             except Exception:  # noqa: BLE001 - the clock must keep running
                 self.host.log_once("tick", logging.ERROR, "attribution tick failed (logged once)", exc_info=True)
+
+    def _next_wait(self) -> float:
+        """Until the next tick: the tick interval, or sooner when a crash decision falls due (a crash is named as
+        soon as its settle time is over, not up to a tick interval later)."""
+        with self._lock:
+            due = self.engine.next_deadline()
+        wait = self.config.tick_interval_s
+        if due is not None:
+            wait = min(wait, max(0.01, due - self._clock() + 0.005))
+        return wait
 
     def tick(self, now: float | None = None) -> list[FailureRecord]:
         now = self._clock() if now is None else now
@@ -203,6 +218,9 @@ class AttributionProcessor(Processor):
             else:
                 if self._spans(batch.message, now) and self._tagging:
                     self._tag(batch)
+            if self.engine.incident_opened:
+                self.engine.incident_opened = False
+                self._wake.set()
         return batch
 
     def _view(self, resource) -> _ResourceView:
