@@ -20,12 +20,15 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+from otel_gpu.exporters.store import devices as _devices
+from otel_gpu.exporters.store.devices import culprit_counts, device_events, device_states
+
 __all__ = ["DB_FILE", "SCHEMA_VERSION", "StoreMissing", "StoreTooNew", "db_path", "open_writer", "open_reader",
            "failures", "failure_versions", "goodput", "latest_goodput", "jobs", "failure_count", "is_withdrawn",
-           "WITHDRAWN"]
+           "WITHDRAWN", "device_states", "device_events", "culprit_counts"]
 
 DB_FILE = "otel-gpu.db"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 # Each entry migrates from version i to i + 1 (index 0: empty file -> 1). Append; never edit a shipped step.
 _MIGRATIONS: list[tuple[str, ...]] = [
@@ -63,6 +66,7 @@ _MIGRATIONS: list[tuple[str, ...]] = [
                id INTEGER PRIMARY KEY AUTOINCREMENT, failure_id TEXT NOT NULL, version INTEGER NOT NULL,
                received_time REAL NOT NULL, record TEXT NOT NULL, UNIQUE (failure_id, version))""",
     ),
+    _devices.MIGRATION,  # 2 -> 3: device history (devices, device_events, device_failures)
 ]
 assert len(_MIGRATIONS) == SCHEMA_VERSION
 

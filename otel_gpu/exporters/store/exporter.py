@@ -14,9 +14,11 @@ from typing import Any
 
 from otel_gpu.component import ComponentHost, Exporter, ExportResult
 from otel_gpu.exporters.store import db
+from otel_gpu.exporters.store import devices as device_store
 from otel_gpu.exporters.store.config import StoreExporterConfig
 from otel_gpu.pdata import Batch, Signal
 from otel_gpu.schema import failure as failure_schema
+from otel_gpu.schema import health as health_schema
 from otel_gpu.schema import identity
 
 __all__ = ["FailureHistory", "StoreExporter"]
@@ -25,7 +27,8 @@ _logger = logging.getLogger(__name__)
 
 _FAILURE = failure_schema.FAILURE_EVENT.name
 _GOODPUT = failure_schema.GOODPUT_EVENT.name
-_EVENTS = (_FAILURE, _GOODPUT)
+_DEVICE = health_schema.STATE_CHANGE_EVENT.name
+_EVENTS = (_FAILURE, _GOODPUT, _DEVICE)
 _JOB, _HOST, _RANK, _WORLD = (str(identity.JOB_ID), str(identity.HOST_NAME), str(identity.RANK),
                               str(identity.WORLD_SIZE))
 _IDENTITY_KEYS = frozenset((_JOB, _HOST, _RANK, _WORLD))
@@ -187,6 +190,8 @@ class StoreExporter(Exporter):
         if "failure_history" in host.services:
             _logger.warning("more than one store exporter: failure_history now reads %s", self.path)
         host.services["failure_history"] = self.history
+        self.devices = device_store.DeviceHistory(self.path, db.open_reader)  # device history (health processor)
+        host.services["device_history"] = self.devices
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=config.queue_size)
         self._jobs_lock = threading.Lock()
         self._jobs: dict[str, _JobSeen] = {}
@@ -244,11 +249,17 @@ class StoreExporter(Exporter):
             signature = ""
         if signature:
             self.history.add_pending(signature)
+        if name == _FAILURE:
+            self.devices.add_pending(body)
+        elif name == _DEVICE:
+            self.devices.learn(body)
         try:
             self._queue.put_nowait((name, body, now, signature))
         except queue.Full:
             if signature:
                 self.history.remove_pending([signature])
+            if name == _FAILURE:
+                self.devices.remove_pending([body])
             return False
         return True
 
@@ -304,6 +315,7 @@ class StoreExporter(Exporter):
         except (OSError, sqlite3.Error, db.StoreTooNew) as exc:
             raise RuntimeError(f"store cannot open {db.db_path(self.path)}: {exc}; check exporters."
                                f"{self.host.component_id}.path") from None
+        self.devices.load(self._conn)
         self._retention()
         self._thread = threading.Thread(target=self._run, name=f"otel-gpu-store-{self.host.component_id}",
                                         daemon=True)
@@ -342,6 +354,7 @@ class StoreExporter(Exporter):
             self._conn.close()
             self._conn = None
         self.history.close()
+        self.devices.close()
 
     def _drain_queue(self) -> None:
         lost = []
@@ -352,6 +365,8 @@ class StoreExporter(Exporter):
                 break
             if isinstance(item, tuple):
                 lost.append(item[3])
+                if item[0] == _FAILURE:
+                    self.devices.remove_pending([item[1]])
         self.history.remove_pending([s for s in lost if s])
         if lost:
             self.host.telemetry.dropped(self.host.component_id, Signal.LOGS, len(lost))
@@ -381,6 +396,7 @@ class StoreExporter(Exporter):
                 self.host.log_once("write", logging.ERROR, "store %s: write failed; %d records dropped "
                                    "(logged once)", self.host.component_id, len(records), exc_info=True)
                 self.history.remove_pending([r[3] for r in records if r[3]])
+                self.devices.remove_pending([r[1] for r in records if r[0] == _FAILURE])
                 self.host.telemetry.dropped(self.host.component_id, Signal.LOGS, len(records))
             if flush_jobs:
                 next_jobs = now + cfg.flush_interval_s
@@ -413,6 +429,9 @@ class StoreExporter(Exporter):
             for name, body, received, _pending in records:
                 if name == _FAILURE:
                     self._insert_failure(conn, body, received)
+                    device_store.link_failure(conn, body, received, self.devices.ids(body))
+                elif name == _DEVICE:
+                    device_store.insert_state(conn, body, received)
                 else:
                     self._insert_goodput(conn, body, received)
             self._write_jobs(conn, jobs)
@@ -422,9 +441,10 @@ class StoreExporter(Exporter):
                 for job, seen in jobs.items():
                     self._merge_job(job, seen)
             raise
-        with self.history.commit_lock:
+        with self.history.commit_lock, self.devices.commit_lock:
             conn.execute("COMMIT")
             self.history.remove_pending([r[3] for r in records if r[3]])
+            self.devices.remove_pending([r[1] for r in records if r[0] == _FAILURE])
         self.written += len(records)
         if records:
             self.host.telemetry.exported(self.host.component_id, Signal.LOGS, len(records))
@@ -513,6 +533,7 @@ class StoreExporter(Exporter):
                 conn.execute("DELETE FROM goodput_history WHERE id <= (SELECT id FROM goodput_history "
                              "ORDER BY id DESC LIMIT 1 OFFSET ?)", (cfg.max_goodput_history,))
                 conn.execute("DELETE FROM goodput WHERE updated_time < ?", (cutoff,))
+                device_store.retention(conn, cutoff)
                 if conn.execute("DELETE FROM jobs WHERE last_seen < ?", (cutoff,)).rowcount:
                     conn.execute("DELETE FROM job_ranks WHERE job_id NOT IN (SELECT job_id FROM jobs)")
                     conn.execute("DELETE FROM job_hosts WHERE job_id NOT IN (SELECT job_id FROM jobs)")
