@@ -124,3 +124,13 @@ def test_helm_chart_names_the_node_through_the_downward_api():
     for receiver in ("nvml", "nic"):
         assert config["receivers"][receiver]["host_name"] == "${env:NODE_NAME}"
     assert "fieldPath: spec.nodeName" in notes and "host.name=$(NODE_NAME)" in notes
+
+
+def test_the_job_network_interfaces_are_on_the_resource(monkeypatch):
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth1")
+    monkeypatch.setenv("NCCL_IB_HCA", "^mlx5_2,=mlx5_0:1")
+    monkeypatch.delenv("NCCL_SOCKET_IFNAME", raising=False)
+    assert Identity("job-1", None, {}).attributes()["training.net.interfaces"] == "eth1,=mlx5_0:1"
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME")
+    monkeypatch.delenv("NCCL_IB_HCA")
+    assert "training.net.interfaces" not in Identity("job-1", None, {}).attributes()

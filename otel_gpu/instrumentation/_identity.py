@@ -16,6 +16,8 @@ Example:
     'explicit'
     >>> nvml_index_from_visible_devices(1, "4,5,6")
     5
+    >>> net_interfaces_from_env({"NCCL_SOCKET_IFNAME": "eth0", "NCCL_IB_HCA": "=mlx5_0:1,mlx5_1"})
+    'eth0,=mlx5_0:1,mlx5_1'
 """
 from __future__ import annotations
 
@@ -87,6 +89,18 @@ def uuid_from_visible_devices(cuda_index: int, visible: str | None) -> str | Non
     return None
 
 
+def net_interfaces_from_env(environ: dict[str, str] | os._Environ) -> str | None:
+    """The interfaces the job's collectives use, as the user told gloo / NCCL (exclusions, ``^...``, say nothing
+    usable and are left out); None when unset, and the collector falls back to the ports up at job start."""
+    names: list[str] = []
+    for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "NCCL_IB_HCA"):
+        for item in (environ.get(var) or "").split(","):
+            item = item.strip()
+            if item and not item.startswith("^") and item not in names:
+                names.append(item)
+    return ",".join(names) or None
+
+
 class Identity:
     """Resource attributes; rank and world size are refreshed when the default process group is created."""
 
@@ -103,6 +117,7 @@ class Identity:
         self.host = (self.extra.get(str(ids.HOST_NAME)) or self.extra.get("k8s.node.name")
                      or socket.gethostname())
         self.pid = os.getpid()
+        self.net_interfaces = net_interfaces_from_env(os.environ)
         self.gpu_index: int | None = None
         self.gpu_uuid: str | None = None
         self.version = 0  # bumped on every change, so encoders can cache
@@ -152,7 +167,8 @@ class Identity:
         attrs[str(ids.PROCESS_PID)] = self.pid
         for key, value in ((ids.RANK, self.rank), (ids.LOCAL_RANK, self.local_rank),
                            (ids.WORLD_SIZE, self.world_size), (ids.RESTART_COUNT, self.restart_count),
-                           (ids.GPU_INDEX, self.gpu_index), (ids.GPU_UUID, self.gpu_uuid)):
+                           (ids.GPU_INDEX, self.gpu_index), (ids.GPU_UUID, self.gpu_uuid),
+                           (ids.NET_INTERFACES, self.net_interfaces)):
             if value is not None:
                 attrs[str(key)] = value
         return attrs

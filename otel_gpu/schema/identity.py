@@ -33,7 +33,9 @@ HW_TYPE = attr("hw.type", "string", "Type of the component: gpu, network.", grou
                semconv=True)
 GPU_INDEX = attr("gpu.index", "int", "NVML device index (the CUDA device index when CUDA_DEVICE_ORDER=PCI_BUS_ID).",
                  group=_G)
-GPU_UUID = attr("gpu.uuid", "string", "GPU UUID (same value as hw.id on GPU metrics).", group=_G)
+GPU_UUID = attr("gpu.uuid", "string", "GPU UUID (same value as hw.id on GPU metrics): the CUDA device's UUID from "
+                "torch, else the CUDA_VISIBLE_DEVICES entry when it names one. The collector joins a rank to its GPU "
+                "by it first (then NVML pid, then index).", group=_G)
 GPU_PCI_BUS_ID = attr("gpu.pci.bus_id", "string", "PCI bus id, e.g. 00000000:07:00.0.", group=_G)
 COMPONENT = attr("otel_gpu.component", "string", "Collector component id, e.g. otlp or nvml/fast.", group=_G)
 SIGNAL = attr("otel_gpu.signal", "string", "traces, metrics or logs.", group=_G, values=("traces", "metrics", "logs"))

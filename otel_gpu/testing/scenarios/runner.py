@@ -55,7 +55,7 @@ class Scenario:
     wait_ack: bool = False
     culprit_is_node: bool = False  # NIC faults name the node; the rank is whichever of its ranks showed it
     steps: int = 60
-    timeout_s: float = 90.0
+    timeout_s: float = 150.0  # a loaded machine takes a minute to start 4 ranks
     also: tuple[Expect, ...] = ()  # further verdicts in the same incarnation (culprit "k2": the second drawn rank)
     fixed_rank: int | None = None  # the fault's rank is not drawn (e.g. rank 0's checkpoint)
     kinds: tuple[str, ...] = ()  # other kinds accepted for the first verdict (uneven inputs: peers wait or fail)
@@ -110,10 +110,10 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              kinds=("crash",), ci=True),
     Scenario("long_checkpoint", "long_checkpoint", None, None,
              "rank 0 saves a checkpoint for 40 s inside torch.save while the others wait (a healthy run)",
-             fixed_rank=0, steps=30, timeout_s=150.0, env=(("OTEL_GPU_CKPT_STALL_S", "40"),),
+             fixed_rank=0, steps=30, timeout_s=200.0, env=(("OTEL_GPU_CKPT_STALL_S", "40"),),
              tolerated=(Expect("slowdown", "checkpoint_stall", "0"),)),
     Scenario("agent_restart", "agent_restart", None, None,
-             "the collector (node agent) restarts for 12 s mid-job (a healthy run)", steps=150, timeout_s=150.0,
+             "the collector (node agent) restarts for 12 s mid-job (a healthy run)", steps=150, timeout_s=200.0,
              agent_restart_s=12.0),
     Scenario("thread_exception", "thread_exception", None, None,
              "a background thread of rank k raises; training goes on to the end (a healthy run)"),
@@ -264,10 +264,10 @@ def _free_port() -> int:
 
 def collector_config(workdir: Path, *, grpc_port: int, prometheus_port: int | None = None,
                      hang_timeout_s: float = 8.0, fake_hardware: bool = True,
-                     nvml: dict[str, Any] | None = None) -> str:
+                     nvml: dict[str, Any] | None = None, attribution: dict[str, Any] | None = None) -> str:
     """The collector config of the suite and the demo: OTLP in, fake NVML and sysfs, attribution, goodput, store.
 
-    ``nvml``: the fake NVML's scenario (default: ``WORLD`` clean GPUs)."""
+    ``nvml``: the fake NVML's scenario (default: ``WORLD`` clean GPUs); ``attribution``: settings over the suite's."""
     nvml_scenario = workdir / "nvml.yaml"
     nvml_scenario.write_text(json.dumps(nvml or {"gpu_count": WORLD}))
     receivers = {"otlp": {"grpc": {"endpoint": f"127.0.0.1:{grpc_port}"}, "http": None}}
@@ -287,7 +287,7 @@ def collector_config(workdir: Path, *, grpc_port: int, prometheus_port: int | No
     config = {
         "receivers": receivers,
         "processors": {"attribution": {"hang_timeout": f"{hang_timeout_s}s", "checkpoint_stall": "3s",
-                                       "heartbeat_timeout": "6s"},
+                                       "heartbeat_timeout": "6s", **(attribution or {})},
                        "goodput": {"report_interval": "2s"}},
         "exporters": exporters,
         "service": {"telemetry": {"logs": {"level": "warning"}}, "pipelines": {
@@ -392,7 +392,8 @@ def _ended(pid: int) -> bool:
 def run_scenario(scenario: Scenario, culprit_rank: int = 1, *, workdir: Path | None = None,
                  progress: Callable[[str], None] | None = None, hang_timeout_s: float = 8.0,
                  prometheus_port: int | None = None, dirt: Dirt = Dirt(), evidence_lag_s: float = -1.5,
-                 second_rank: int | None = None, seed: int | None = None) -> ScenarioResult:
+                 second_rank: int | None = None, seed: int | None = None,
+                 attribution: dict[str, Any] | None = None) -> ScenarioResult:
     """Runs one scenario end to end; returns what the collector attributed (read back from its store)."""
     say = progress or (lambda _msg: None)
     rng = random.Random(seed)
@@ -409,7 +410,8 @@ def run_scenario(scenario: Scenario, culprit_rank: int = 1, *, workdir: Path | N
 
     def new_collector(spec: dict[str, Any]) -> Collector:
         config = load_text(collector_config(workdir, grpc_port=grpc_port, prometheus_port=prometheus_port,
-                                            hang_timeout_s=hang_timeout_s, nvml=spec), f"<scenario {scenario.name}>")
+                                            hang_timeout_s=hang_timeout_s, nvml=spec, attribution=attribution),
+                           f"<scenario {scenario.name}>")
         c = Collector(config)
         c.start()
         return c
@@ -498,8 +500,10 @@ def run_scenario(scenario: Scenario, culprit_rank: int = 1, *, workdir: Path | N
             for record in stored:
                 seen.setdefault(_failure_key(record), time.time())
             live = [r for r in stored if not db.is_withdrawn(r)]
-            if complete_at is None and scenario.expected and len(live) >= len(scenario.expected):
-                complete_at = time.time()
+            if scenario.expected and len(live) >= len(scenario.expected):
+                complete_at = complete_at or time.time()
+            else:
+                complete_at = None  # a verdict withdrawn meanwhile: keep watching for the real one
             if complete_at is not None and time.time() - complete_at > grace:
                 break
             if exited_at is None and job.poll() is not None:
