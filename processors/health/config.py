@@ -2,9 +2,9 @@
 
 Example:
     >>> from otel_gpu.config import build
-    >>> cfg = build(HealthConfig, {"sample_interval_s": 5}, "processors.health")
-    >>> cfg.sample_interval_s, cfg.short_window_s
-    (5.0, 900.0)
+    >>> cfg = build(HealthConfig, {"sample_interval": "5s", "clear_after": "2h"}, "processors.health")
+    >>> cfg.sample_interval_s, cfg.clear_after_s, cfg.short_window_s
+    (5.0, 7200.0, 900.0)
 """
 from __future__ import annotations
 
