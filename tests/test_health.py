@@ -89,9 +89,9 @@ def test_climbing_ecc_is_drained_before_the_uncorrectable_error_and_a_dirty_stab
     rx_host = ComponentHost("nvml", PrometheusSelfTelemetry(), {Signal.METRICS: _Into(proc, sink),
                                                                 Signal.LOGS: _Into(proc, sink)})
     (tmp_path / "scenario.yaml").write_text("gpu_count: 2\n")  # the config needs one; the fake above has the clock
-    rx = NvmlReceiver(build(NvmlReceiverConfig, {"backend": "fake", "scenario": str(tmp_path / "scenario.yaml"), "interval": "1h",
-                                                  "nvlink_interval": "0s", "host_name": HOST}, "receivers.nvml"),
-                      rx_host)
+    settings = {"backend": "fake", "scenario": str(tmp_path / "scenario.yaml"), "interval": "1h",
+                "nvlink_interval": "0s", "host_name": HOST}
+    rx = NvmlReceiver(build(NvmlReceiverConfig, settings, "receivers.nvml"), rx_host)
     rx.start()  # real poll thread (one poll, then an hour of real time) and the real XID event thread
     try:
         deadline = time.monotonic() + 10

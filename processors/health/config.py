@@ -52,8 +52,8 @@ class HealthConfig:
     max_devices: int = 20_000
 
     def validate(self) -> None:
-        for key in ("sample_interval_s", "nvlink_sample_interval_s", "evaluate_interval_s", "short_window_s", "baseline_half_life_s",
-                    "watch_factor", "drain_factor", "recurrence_window_s"):
+        for key in ("sample_interval_s", "nvlink_sample_interval_s", "evaluate_interval_s", "short_window_s",
+                    "baseline_half_life_s", "watch_factor", "drain_factor", "recurrence_window_s"):
             value = getattr(self, key)
             if not value > 0:
                 raise ValueError(f"{key} must be > 0 (got {value})")

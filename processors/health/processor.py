@@ -43,7 +43,8 @@ _HW_THROTTLE = frozenset(r.value for r in (G.ClockEventReason.HW_SLOWDOWN, G.Clo
                                             G.ClockEventReason.HW_POWER_BRAKE_SLOWDOWN))
 _NVLINK_ERROR_TYPES = frozenset({"crc_flit", "crc_data", "replay", "recovery"})
 #: IB / Ethernet counters that point at optics, cables or the link (not congestion).
-_NIC_ERROR_COUNTERS = frozenset({"symbol_error", "link_error_recovery", "port_rcv_errors", "local_link_integrity_errors",
+_NIC_ERROR_COUNTERS = frozenset({"symbol_error", "link_error_recovery", "port_rcv_errors",
+                                 "local_link_integrity_errors",
                                  "port_rcv_remote_physical_errors", "excessive_buffer_overrun_errors",
                                  "rx_crc_errors", "rx_errors", "rx_frame_errors", "tx_errors", "tx_carrier_errors"})
 _FLAPS = "link_downed"
