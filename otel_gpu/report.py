@@ -55,6 +55,10 @@ def build_report(store: str, job_id: str | None = None, limit: int | None = 50) 
     "jobs": [...]}``. ``devices``: the devices to drain, then to watch (``db.device_states``), with evidence and the
     failures (and jobs) they were the culprit of.
 
+    Each failure is the latest version of its record; one with a ``failure_id`` carries ``versions``, every version
+    received (oldest first, ``{"version", "received_time", "record"}``). A withdrawn verdict (a hang whose ranks
+    resumed) is kept with ``status: withdrawn``.
+
     ``goodput`` is the selected job's latest summary, or (no job selected) the most recently updated job's.
 
     Raises:
@@ -65,7 +69,7 @@ def build_report(store: str, job_id: str | None = None, limit: int | None = 50) 
     conn = db.open_reader(store)
     try:
         conn.execute("BEGIN")  # one snapshot for every query
-        failures = db.failures(conn, job_id, limit)
+        failures = db.failures(conn, job_id, limit, history=True)
         goodput = db.goodput(conn, job_id) if job_id is not None else db.latest_goodput(conn)
         jobs = db.jobs(conn, job_id)
         devices = db.device_states(conn, ("drain", "watch"))
@@ -165,8 +169,25 @@ def _headline(record: dict[str, Any]) -> str:
     return line + ("; " + "; ".join(tail) if tail else "")
 
 
+def _verdict(record: dict[str, Any]) -> str:
+    who = _culprit(record.get("culprit"))
+    text = f"{record.get('kind') or '?'}/{record.get('root_cause') or '?'}"
+    return f"{text} ({who})" if who else text
+
+
 def _failure_lines(record: dict[str, Any]) -> list[str]:
-    lines = [_headline(record)]
+    withdrawn = db.is_withdrawn(record)
+    lines = [("WITHDRAWN " if withdrawn else "") + _headline(record)]
+    versions = [v for v in record.get("versions") or () if isinstance(v, dict) and isinstance(v.get("record"), dict)]
+    if withdrawn:
+        summary = str(record.get("summary") or "")
+        why = record.get("withdrawn_reason") or (summary.split(":", 1)[1].split(";")[0].strip()
+                                                 if summary.startswith("withdrawn:") else "the verdict was taken back")
+        lines.append(f"  status: withdrawn ({why}); not counted as a failure")
+    if len(versions) > 1:
+        steps = " -> ".join(f"v{v['version']} {_verdict(v['record'])}"
+                            + (" withdrawn" if db.is_withdrawn(v["record"]) else "") for v in versions)
+        lines.append(f"  revisions: {steps}")
     onset, detected = _num(record.get("onset_time")), _num(record.get("detected_time"))
     if detected is not None:
         lines.append(f"  detected: {_time(detected)}" + (f" (onset {_time(onset)})" if onset is not None else ""))
@@ -248,7 +269,10 @@ def format_text(report: dict[str, Any]) -> str:
     if not failures:
         lines.append("no failures recorded")
     else:
-        lines.append(f"{len(failures)} failure{'s' if len(failures) != 1 else ''} (newest first)")
+        taken_back = sum(1 for f in failures if db.is_withdrawn(f))
+        live = len(failures) - taken_back
+        lines.append(f"{live} failure{'s' if live != 1 else ''} (newest first)"
+                     + (f", {taken_back} withdrawn verdict{'s' if taken_back != 1 else ''}" if taken_back else ""))
         for record in failures:
             lines.append("")
             lines.extend(_failure_lines(record))

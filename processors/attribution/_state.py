@@ -28,10 +28,10 @@ class RankState:
     compute_baseline: deque = field(default_factory=lambda: deque(maxlen=32))  # healthy compute seconds
     data_baseline: deque = field(default_factory=lambda: deque(maxlen=32))
     checkpoints: deque = field(default_factory=lambda: deque(maxlen=16))  # durations
+    rank: int = field(init=False)  # who.rank, read often enough to be a plain attribute
 
-    @property
-    def rank(self) -> int:
-        return self.who.rank
+    def __post_init__(self) -> None:
+        self.rank = self.who.rank
 
     def failed(self) -> bool:
         """Raised in its main thread, or ended with a non-zero code or a signal."""

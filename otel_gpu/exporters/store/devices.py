@@ -159,8 +159,8 @@ def link_failure(conn: sqlite3.Connection, record: dict[str, Any], received: flo
     """Links a stored failure to its devices (a revision of the same failure replaces its links; a withdrawn verdict,
     e.g. a hang whose ranks resumed, removes them)."""
     key = failure_key(record)
+    conn.execute("DELETE FROM device_failures WHERE failure_key = ?", (key,))  # a revision may name other devices
     if _withdrawn(record):
-        conn.execute("DELETE FROM device_failures WHERE failure_key = ?", (key,))
         return
     t = _num(record.get("onset_time")) or _num(record.get("detected_time")) or received
     for did in ids:

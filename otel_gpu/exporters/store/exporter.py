@@ -242,7 +242,11 @@ class StoreExporter(Exporter):
         return ExportResult.QUEUED
 
     def _enqueue(self, name: str, body: dict[str, Any], now: float) -> bool:
+        # The 4th item is the signature counted as pending for recurrence until committed: a revision or a
+        # withdrawal of a failure already counted is no new failure.
         signature = str(body.get("signature") or "") if name == _FAILURE else ""
+        if signature and ((_int(body.get("version")) or 1) > 1 or db.is_withdrawn(body)):
+            signature = ""
         if signature:
             self.history.add_pending(signature)
         if name == _FAILURE:
@@ -422,9 +426,9 @@ class StoreExporter(Exporter):
             return
         conn.execute("BEGIN IMMEDIATE")
         try:
-            for name, body, received, signature in records:
+            for name, body, received, _pending in records:
                 if name == _FAILURE:
-                    self._insert_failure(conn, body, received, signature)
+                    self._insert_failure(conn, body, received)
                     device_store.link_failure(conn, body, received, self.devices.ids(body))
                 elif name == _DEVICE:
                     device_store.insert_state(conn, body, received)
@@ -456,13 +460,32 @@ class StoreExporter(Exporter):
         cur.world_size = cur.world_size if cur.world_size is not None else seen.world_size
 
     @staticmethod
-    def _insert_failure(conn: sqlite3.Connection, body: dict[str, Any], received: float, signature: str) -> None:
+    def _insert_failure(conn: sqlite3.Connection, body: dict[str, Any], received: float) -> None:
+        """One row per failure: a record with a ``failure_id`` replaces an older version of the same failure (never
+        a newer one: versions may arrive out of order after a replay), and every version lands in
+        ``failure_versions`` once (a redelivered version is ignored)."""
+        failure_id = None if body.get("failure_id") in (None, "") else str(body["failure_id"])
+        version = _int(body.get("version"))
+        version = 1 if version is None else version
+        status = db.WITHDRAWN if db.is_withdrawn(body) else _text(body.get("status"))
+        text = json.dumps(body, sort_keys=True)
+        signature = str(body.get("signature") or "")
+        row = (_text(body.get("kind")), _text(body.get("root_cause")),
+               None if body.get("job_id") is None else str(body["job_id"]), signature or None,
+               _num(body.get("detected_time")), received, text, failure_id, version, status)
+        if failure_id is None:
+            conn.execute("INSERT INTO failures (kind, root_cause, job_id, signature, detected_time, received_time, "
+                         "record, failure_id, version, status) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
+            return
+        conn.execute("INSERT OR IGNORE INTO failure_versions (failure_id, version, received_time, record) "
+                     "VALUES (?, ?, ?, ?)", (failure_id, version, received, text))
         conn.execute(
-            "INSERT INTO failures (kind, root_cause, job_id, signature, detected_time, received_time, record) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (_text(body.get("kind")), _text(body.get("root_cause")),
-             None if body.get("job_id") is None else str(body["job_id"]),
-             signature or None, _num(body.get("detected_time")), received, json.dumps(body, sort_keys=True)))
+            "INSERT INTO failures (kind, root_cause, job_id, signature, detected_time, received_time, record, "
+            "failure_id, version, status) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+            "ON CONFLICT(failure_id) DO UPDATE SET kind = excluded.kind, root_cause = excluded.root_cause, "
+            "job_id = excluded.job_id, signature = excluded.signature, detected_time = excluded.detected_time, "
+            "received_time = excluded.received_time, record = excluded.record, version = excluded.version, "
+            "status = excluded.status WHERE excluded.version >= coalesce(failures.version, 0)", row)
 
     @staticmethod
     def _insert_goodput(conn: sqlite3.Connection, body: dict[str, Any], received: float) -> None:
@@ -504,6 +527,8 @@ class StoreExporter(Exporter):
                 conn.execute("DELETE FROM failures WHERE received_time < ?", (cutoff,))
                 conn.execute("DELETE FROM failures WHERE id <= (SELECT id FROM failures ORDER BY id DESC "
                              "LIMIT 1 OFFSET ?)", (cfg.max_failures,))
+                conn.execute("DELETE FROM failure_versions WHERE received_time < ? OR failure_id NOT IN "
+                             "(SELECT failure_id FROM failures WHERE failure_id IS NOT NULL)", (cutoff,))
                 conn.execute("DELETE FROM goodput_history WHERE received_time < ?", (cutoff,))
                 conn.execute("DELETE FROM goodput_history WHERE id <= (SELECT id FROM goodput_history "
                              "ORDER BY id DESC LIMIT 1 OFFSET ?)", (cfg.max_goodput_history,))
