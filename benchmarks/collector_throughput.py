@@ -43,7 +43,7 @@ def encoded_batch(n_spans: int = 1000, n_attrs: int = 10) -> bytes:
     t0 = 1_750_000_000_000_000_000
     for i in range(n_spans):
         span = ss.spans.add()
-        span.trace_id = (i // 100).to_bytes(16, "big")
+        span.trace_id = (i // 100 + 1).to_bytes(16, "big")  # an all-zero trace id is invalid (refused)
         span.span_id = (i + 1).to_bytes(8, "big")
         span.parent_span_id = (i // 100 * 100 + 1).to_bytes(8, "big")
         span.name = "collective.all_reduce"

@@ -32,6 +32,24 @@ _AT_TIME = re.compile(r"^(.*\S)\s+@(\d+(?:\.\d+)?)$")
 _SUMMARY_KEYS = ("summary", "message", "description", "explanation", "title")
 
 
+_HISTORY_ROWS = 20_000  # goodput summaries read per job for its timeline (every ~5 s: a day of a job)
+
+
+def job_timelines(store: str, job_ids: list[str]) -> list[Any]:
+    """:class:`otel_gpu.plot.JobTimeline` of each job, from its goodput history and failure records."""
+    from otel_gpu.plot import job_timeline
+
+    conn = db.open_reader(store)
+    try:
+        conn.execute("BEGIN")
+        out = [job_timeline(job, db.goodput_history(conn, job, _HISTORY_ROWS), db.failures(conn, job, None))
+               for job in job_ids]
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
+    return out
+
+
 def build_report(store: str, job_id: str | None = None, limit: int | None = 50) -> dict[str, Any]:
     """The report as a JSON-ready dict: ``{"failures": [...], "goodput": {...} | None, "jobs": [...]}``.
 
@@ -51,9 +69,12 @@ def build_report(store: str, job_id: str | None = None, limit: int | None = 50) 
         conn.execute("COMMIT")
     finally:
         conn.close()
+    from otel_gpu.plot import one_line
+
+    lines = {tl.job_id: one_line(tl) for tl in job_timelines(store, [j["job_id"] for j in jobs])}
     return {"failures": failures, "goodput": goodput,
-            "jobs": [{k: j[k] for k in ("job_id", "first_seen", "last_seen", "ranks", "hosts", "world_size",
-                                        "goodput")} for j in jobs]}
+            "jobs": [{**{k: j[k] for k in ("job_id", "first_seen", "last_seen", "ranks", "hosts", "world_size",
+                                           "goodput")}, "timeline": lines.get(j["job_id"])} for j in jobs]}
 
 
 # -- text ----------------------------------------------------------------------------------------------------------
@@ -219,6 +240,12 @@ def format_text(report: dict[str, Any]) -> str:
             lines.append(f"  {job['job_id']}: {' on '.join(where) or 'no resource data'}, seen "
                          f"{_time(job['first_seen'])} to {_time(job['last_seen'])}"
                          + (f", ETTR {ettr * 100:.1f}%" if ettr is not None else ""))
+            if job.get("timeline") and job["timeline"].strip("[ ]"):
+                lines.append(f"    {job['timeline']}")
+        if any(j.get("timeline") and j["timeline"].strip("[ ]") for j in jobs):
+            from otel_gpu.plot import legend_line
+
+            lines.append(f"  timeline: {legend_line()}")
     return "\n".join(lines) + "\n"
 
 
@@ -244,4 +271,18 @@ def main(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None
         out.write("\n")
     else:
         out.write(format_text(report))
+    plot = getattr(args, "plot", None)
+    if plot:
+        from otel_gpu import plot as plotting
+
+        jobs = [j["job_id"] for j in report["jobs"]][:_PLOT_JOBS]
+        try:
+            plotting.write(plot, job_timelines(store, jobs))
+        except (OSError, ValueError) as exc:
+            print(f"otel-gpu report: cannot write the plot: {exc}", file=err)
+            return 1
+        print(f"goodput timeline of {len(jobs)} job{'s' if len(jobs) != 1 else ''} written to {plot}", file=err)
     return 0
+
+
+_PLOT_JOBS = 20  # most recently active jobs drawn by --plot (select one with --job)

@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from otel_gpu.collector import registry
+from otel_gpu.config import parse_duration, yaml_keys
 
 ROOT = Path(__file__).resolve().parents[1]
 # Importing these has effects (instrumenting this process, the interpreter bootstrap): they carry no examples.
@@ -100,21 +101,24 @@ def _settings_table(text: str) -> list[list[str]]:
 
 
 def _field(cls: type, dotted: str):
-    """(dataclass field, owning class) for ``a.b.c``, through nested (optional) dataclass fields."""
+    """(dataclass field, seconds per unit or None) for the setting ``a.b.c``: YAML keys (a duration field
+    ``interval_s`` is the key ``interval``) or field names, through nested (optional) dataclass fields."""
     parts = dotted.split(".")
     for i, part in enumerate(parts):
         fields = {f.name: f for f in dataclasses.fields(cls)}
-        if part not in fields:
-            return None, cls
+        key = yaml_keys(cls).get(part)
+        name, scale = (key.field, key.scale) if key is not None else (part, None)
+        if name not in fields:
+            return None, None
         if i == len(parts) - 1:
-            return fields[part], cls
-        hint = typing.get_type_hints(cls)[part]
+            return fields[name], scale
+        hint = typing.get_type_hints(cls)[name]
         nested = [a for a in typing.get_args(hint) if dataclasses.is_dataclass(a)] if isinstance(
             hint, (types.UnionType, typing._UnionGenericAlias)) else [hint]
         if not nested or not dataclasses.is_dataclass(nested[0]):
-            return None, cls
+            return None, None
         cls = nested[0]
-    return None, cls
+    return None, None
 
 
 def _default(f: dataclasses.Field):
@@ -129,6 +133,8 @@ _EMPTY = (None, "", [], {}, (), dataclasses.MISSING)
 
 
 def _same(doc, code) -> bool:
+    if dataclasses.is_dataclass(code) and isinstance(doc, dict):  # the README names the settings that matter
+        return all(_same(v, getattr(code, k, dataclasses.MISSING)) for k, v in doc.items())
     if isinstance(code, (list, tuple)) and isinstance(doc, str) and doc.endswith(", ..."):
         return [d.strip() for d in doc[:-5].split(",")] == list(code)[:doc.count(",")]
     if isinstance(code, bool) or isinstance(doc, bool):
@@ -149,12 +155,13 @@ def _check_row(cls: type, cells: list[str], default_col: int) -> list[str]:
     values = [v.strip() for v in raw.split(" / ")] if len(names) > 1 and " / " in raw else [raw] * len(names)
     problems = []
     for name, value in zip(names, values):
-        f, _ = _field(cls, name)
+        f, scale = _field(cls, name)
         if f is None:
             problems.append(f"{name}: not a field of {cls.__name__}")
             continue
         code = _default(f)
-        literal = re.fullmatch(r"`([^`]*)`", value) or re.fullmatch(r"-?[0-9.]+|true|false|null", value)
+        # a literal, maybe followed by a remark in parentheses: `grpc`, 2.0, `1s`, `{}` (on)
+        literal = re.fullmatch(r"`([^`]*)`(?: \(.*\))?", value) or re.fullmatch(r"-?[0-9.]+|true|false|null", value)
         if literal is None:  # words ("all", "off", "host name", "required"): only for an empty or unset default
             if value == "see above" and isinstance(code, (list, dict)):
                 continue  # the README lists it in full above the table
@@ -168,6 +175,11 @@ def _check_row(cls: type, cells: list[str], default_col: int) -> list[str]:
             doc = text
         if text == '""':
             doc = ""
+        if scale is not None and isinstance(doc, str):
+            try:
+                doc = parse_duration(doc) / scale
+            except ValueError:
+                pass
         if not _same(doc, code):
             problems.append(f"{name}: README says {value}, the code's default is {code!r}")
     return problems
@@ -182,7 +194,9 @@ def test_readme_settings_table_matches_the_config_dataclass(readme, cls):
     problems = [p for cells in body for p in _check_row(cls, cells, default_col)]
     documented = {n.split(".")[0] for cells in body
                   for n in re.findall(r"`([a-z_][a-z0-9_.]*)`", cells[0]) or [cells[0]]}
-    missing = [f.name for f in dataclasses.fields(cls) if f.name not in documented]
+    keys = {k.field: key for key, k in yaml_keys(cls).items()}
+    missing = [keys.get(f.name, f.name) for f in dataclasses.fields(cls)
+               if f.name not in documented and keys.get(f.name) not in documented]
     assert not problems and not missing, "\n".join(problems + [f"{m}: not in the table" for m in missing])
 
 
@@ -191,11 +205,14 @@ def test_the_table_check_catches_drift():
     class Cfg:
         size: int = 2000
         name: str = ""
+        interval_s: float = 0.5
 
     assert _check_row(Cfg, ["`size`", "`256`", ""], 1) == ["size: README says `256`, the code's default is 2000"]
     assert _check_row(Cfg, ["`sise`", "`2000`", ""], 1) == ["sise: not a field of Cfg"]
     assert _check_row(Cfg, ["`size` / `name`", "`2000` / `\"\"`", ""], 1) == []
     assert _check_row(Cfg, ["`size`", "many", ""], 1) == ["size: README says 'many', the code's default is 2000"]
+    assert _check_row(Cfg, ["`interval`", "`500ms`", ""], 1) == []
+    assert _check_row(Cfg, ["`interval`", "`5s`", ""], 1) == ["interval: README says `5s`, the code's default is 0.5"]
 
 
 # -- links -----------------------------------------------------------------------------------------------------------

@@ -123,7 +123,7 @@ def running(tmp_path_factory, capture_exporter_module):
     pipe = {"receivers": ["otlp"], "processors": ["attribution", "goodput"], "exporters": ["capture", "store"]}
     config = {"receivers": {"otlp": {"grpc": {"endpoint": "127.0.0.1:0", "max_recv_msg_size_mib": LIMIT_MIB},
                                      "http": {"endpoint": "127.0.0.1:0", "max_request_body_size_mib": LIMIT_MIB}}},
-              "processors": {"attribution": {"tick_interval_s": 0.2}, "goodput": {"report_interval_s": 0.2}},
+              "processors": {"attribution": {"tick_interval": "200ms"}, "goodput": {"report_interval": "200ms"}},
               "exporters": {"capture": {}, "store": {"path": str(tmp_path_factory.mktemp("store"))}},
               "service": {"pipelines": {"traces": pipe, "metrics": pipe, "logs": pipe}}}
     errors = _Errors()

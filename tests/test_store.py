@@ -116,7 +116,7 @@ def test_failures_and_goodput_are_written_whole_and_read_back(tmp_path):
 
 
 def test_goodput_keeps_latest_per_job_and_bounded_history(tmp_path):
-    exp, _, _ = make(tmp_path, max_goodput_history=3, retention_interval_s=0.05)
+    exp, _, _ = make(tmp_path, max_goodput_history=3, retention_interval="50ms")
     try:
         for i in range(6):
             exp.export(logs_batch([("otel_gpu.goodput", {"job_id": "j", "ettr": i / 10})]))
@@ -170,7 +170,7 @@ def test_recurrence_is_exact_while_the_writer_commits(tmp_path):
 
 
 def test_jobs_from_resources_of_every_signal(tmp_path):
-    exp, _, _ = make(tmp_path, flush_interval_s=0.05)
+    exp, _, _ = make(tmp_path, flush_interval="50ms")
     try:
         exp.export(traces_batch([0, 1], host="node-a"))
         exp.export(traces_batch([2, 3], host="node-b"))
@@ -252,7 +252,7 @@ def test_concurrent_reads_while_writing(tmp_path):
 
 
 def test_retention_by_count_and_age(tmp_path):
-    exp, _, _ = make(tmp_path, max_failures=10, retention_interval_s=0.05)
+    exp, _, _ = make(tmp_path, max_failures=10, retention_interval="50ms")
     try:
         for i in range(25):
             exp.export(logs_batch([("otel_gpu.failure", failure(detected=float(i)))]))

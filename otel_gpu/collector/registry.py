@@ -21,6 +21,7 @@ BUILTIN: dict[str, dict[str, str]] = {
         "goodput": "otel_gpu.processors.goodput",
         "memory_limiter": "otel_gpu.processors.memory_limiter",
         "compact": "otel_gpu.processors.compact",
+        "batch": "otel_gpu.processors.batch",
     },
     "exporter": {
         "otlp": "otel_gpu.exporters.otlp",
@@ -28,6 +29,9 @@ BUILTIN: dict[str, dict[str, str]] = {
         "prometheus": "otel_gpu.exporters.prometheus",
         "store": "otel_gpu.exporters.store",
         "debug": "otel_gpu.exporters.debug",
+    },
+    "extension": {
+        "health_check": "otel_gpu.extensions.health_check",
     },
 }
 

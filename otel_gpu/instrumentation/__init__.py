@@ -31,9 +31,17 @@ from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 
 from otel_gpu.instrumentation import _hot
 from otel_gpu.instrumentation._hot import CKPT, DATA, NS
-from otel_gpu.instrumentation.config import InstrumentationConfig
+from otel_gpu.instrumentation.config import InstrumentationConfig, signal_routes, unsupported_settings
 
 _logger = logging.getLogger(__name__)
+_LOGGED: set[str] = set()
+
+
+def _log_once(key: str, level: int, msg: str, *args) -> None:
+    """Once per process: a re-instrument (or a second rank thread) does not repeat what the first one said."""
+    if key not in _LOGGED:
+        _LOGGED.add(key)
+        _logger.log(level, msg, *args)
 
 __all__ = ["TorchDistributedInstrumentor", "InstrumentationConfig", "instrument", "uninstrument", "step",
            "checkpoint", "flush", "is_instrumented", "COLLECTIVES"]
@@ -358,6 +366,17 @@ class TorchDistributedInstrumentor(BaseInstrumentor):
 
         options = {k: v for k, v in kwargs.items() if k not in _OTEL_KWARGS}
         cfg = InstrumentationConfig.from_env(**options)
+        if cfg.sdk_disabled:
+            _log_once("disabled", logging.INFO, "otel-gpu: OTEL_SDK_DISABLED=true: instrumentation is off in this "
+                      "process (nothing is wrapped or exported)")
+            return
+        for var, value, instead in unsupported_settings():
+            _log_once(var, logging.WARNING, "otel-gpu: %s=%s has no effect on otel-gpu's export path: %s", var,
+                      value, instead)
+        for signal, route in signal_routes(cfg).items():
+            if signal == "logs" and not route.otlp:
+                _log_once("logs-off", logging.WARNING, "otel-gpu: OTEL_LOGS_EXPORTER has no otlp: heartbeats, stacks "
+                          "and exceptions are not sent, so hangs and crashes cannot be attributed")
         _hot.reset(cfg.ring_size)
         rt = _runtime.Runtime(cfg)
         rt.enable_flight_recorder()  # TORCH_FR_BUFFER_SIZE, before any process group is created from now on

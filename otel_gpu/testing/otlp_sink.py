@@ -36,6 +36,7 @@ class OtlpSink:
         self.metrics: list[metrics_service_pb2.ExportMetricsServiceRequest] = []
         self.logs: list[logs_service_pb2.ExportLogsServiceRequest] = []
         self.calls = 0
+        self.metadata: list[dict[str, str]] = []  # the request metadata (headers) of each call, in order
         self._fail: list[grpc.StatusCode] = []
         self._cond = threading.Condition()
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers),
@@ -66,6 +67,7 @@ class OtlpSink:
     def _record(self, store: list, request, context) -> None:
         with self._cond:
             self.calls += 1
+            self.metadata.append({k: v for k, v in context.invocation_metadata() if isinstance(v, str)})
             if self._fail:
                 code = self._fail.pop(0)
                 context.abort(code, f"injected failure: {code.name}")

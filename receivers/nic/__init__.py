@@ -8,7 +8,7 @@ Example config::
 
     receivers:
       nic:
-        interval_s: 1
+        interval: 1s
         # sysfs_root: /tmp/fake-sys     # a fake tree (FakeSysfs writes one)
     service:
       pipelines:

@@ -90,15 +90,22 @@ class _Handler(BaseHTTPRequestHandler):
         _logger.debug("OTLP/HTTP %s: " + fmt, self.address_string(), *args)
 
     # -- routing -------------------------------------------------------------------------------------------------
+    def _request_kind(self) -> str | None:
+        ctype = (self.headers.get("Content-Type") or "").partition(";")[0].strip().lower()
+        return _CONTENT_TYPES.get(ctype)
+
     def do_POST(self) -> None:
         owner = self.owner
         signal = owner.paths.get(self.path.partition("?")[0])
+        kind = self._request_kind()
         if signal is None:
-            return self._reply_error(404, _JSON, f"no OTLP service at {self.path!r}; POST to "
+            # Answered in the request's encoding (a protobuf Status to a protobuf request), as the OTLP specification
+            # asks; JSON when the request is neither.
+            return self._reply_error(404, kind or _JSON, f"no OTLP service at {self.path!r}; POST to "
                                      f"{', '.join(sorted(owner.paths))}", close=True)
-        ctype = (self.headers.get("Content-Type") or "").partition(";")[0].strip().lower()
-        kind = _CONTENT_TYPES.get(ctype)
         if kind is None:
+            ctype = (self.headers.get("Content-Type") or "").partition(";")[0].strip().lower()
+            owner.receiver.refused_request(signal)
             return self._reply_error(415, _JSON, f"unsupported Content-Type {ctype!r}; use {_PROTOBUF} or {_JSON}",
                                      close=True)
         if owner.closing:
@@ -122,10 +129,11 @@ class _Handler(BaseHTTPRequestHandler):
                     try:
                         batch = batch_from_json(signal, body)
                     except MalformedBatch:
-                        owner.receiver.host.telemetry.refused(owner.receiver.host.component_id, signal, 1)
+                        owner.receiver.refused_request(signal)
                         raise
-                    owner.receiver.accept_batch(batch)
+                    owner.receiver.accept_parsed(batch)
             except _BodyError as exc:
+                owner.receiver.refused_request(signal)
                 return self._reply_error(exc.status, kind, str(exc), close=exc.close)
             except MalformedBatch as exc:
                 return self._reply_error(400, kind, str(exc))
@@ -140,11 +148,12 @@ class _Handler(BaseHTTPRequestHandler):
         return None
 
     def _not_allowed(self) -> None:
+        kind = self._request_kind() or _JSON
         if self.path.partition("?")[0] in self.owner.paths:
-            self._reply_error(405, _JSON, f"{self.command} is not allowed; OTLP/HTTP takes POST", close=True,
+            self._reply_error(405, kind, f"{self.command} is not allowed; OTLP/HTTP takes POST", close=True,
                               extra={"Allow": "POST"})
         else:
-            self._reply_error(404, _JSON, f"no OTLP service at {self.path!r}", close=True)
+            self._reply_error(404, kind, f"no OTLP service at {self.path!r}", close=True)
 
     do_GET = do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = _not_allowed
 

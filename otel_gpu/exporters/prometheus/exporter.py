@@ -60,7 +60,8 @@ class PrometheusExporter(Exporter):
     def __init__(self, config: PrometheusExporterConfig, host: ComponentHost):
         super().__init__(config, host)
         self.state = MetricState(config.namespace, config.metric_expiration_s,
-                                 bool(config.resource_to_telemetry_conversion), config.const_labels, host.log_once)
+                                 bool(config.resource_to_telemetry_conversion), config.const_labels, host.log_once,
+                                 promote=config.promote_resource_attributes)
         self.registry = _registry()
         self.registry.register(self.state)
         self_telemetry = host.services.get("self_telemetry_registry")

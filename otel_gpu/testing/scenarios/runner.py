@@ -142,9 +142,9 @@ def collector_config(workdir: Path, *, grpc_port: int, prometheus_port: int | No
     metrics_receivers = ["otlp"]
     logs_receivers = ["otlp"]
     if fake_hardware:
-        receivers["nvml"] = {"backend": "fake", "scenario": str(nvml_scenario), "interval_s": 0.5,
+        receivers["nvml"] = {"backend": "fake", "scenario": str(nvml_scenario), "interval": "500ms",
                              "pcie_throughput": False}
-        receivers["nic"] = {"sysfs_root": str(workdir / "sys"), "interval_s": 0.5}
+        receivers["nic"] = {"sysfs_root": str(workdir / "sys"), "interval": "500ms"}
         metrics_receivers += ["nvml", "nic"]
         logs_receivers += ["nvml"]
     exporters: dict[str, Any] = {"store": {"path": str(workdir / "store")}}
@@ -154,9 +154,9 @@ def collector_config(workdir: Path, *, grpc_port: int, prometheus_port: int | No
         metric_exporters.append("prometheus")
     config = {
         "receivers": receivers,
-        "processors": {"attribution": {"hang_timeout_s": hang_timeout_s, "checkpoint_stall_s": 3.0,
-                                       "heartbeat_timeout_s": 6.0},
-                       "goodput": {"report_interval_s": 2.0}},
+        "processors": {"attribution": {"hang_timeout": f"{hang_timeout_s}s", "checkpoint_stall": "3s",
+                                       "heartbeat_timeout": "6s"},
+                       "goodput": {"report_interval": "2s"}},
         "exporters": exporters,
         "service": {"telemetry": {"logs": {"level": "warning"}}, "pipelines": {
             "traces": {"receivers": ["otlp"], "processors": ["attribution", "goodput"], "exporters": ["store"]},

@@ -1,0 +1,52 @@
+"""Trace and span ids as the OTLP specification defines them: a trace id is 16 bytes, a span id 8, neither all zero.
+
+A span without a valid trace id and span id (wrong length, empty, zero) or with a parent span id that is neither empty
+nor 8 bytes, a link with invalid ids, and a log record whose (optional) ids are neither empty nor the right length
+make the whole request invalid: it is refused with HTTP 400 / gRPC INVALID_ARGUMENT, as the OpenTelemetry Collector
+refuses a request whose ids fail to decode. Metric exemplars are not checked (they are rare and not read by otel-gpu).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from otel_gpu.pdata import MalformedBatch, Signal
+
+__all__ = ["check_ids"]
+
+_ZERO16, _ZERO8 = bytes(16), bytes(8)
+
+
+def _bad_span(span) -> str | None:
+    tid, sid, parent = span.trace_id, span.span_id, span.parent_span_id
+    if len(tid) != 16 or tid == _ZERO16:
+        return f"trace_id of {len(tid)} bytes{' (all zero)' if tid and not any(tid) else ''}; a trace id is 16 " \
+               f"bytes, not all zero"
+    if len(sid) != 8 or sid == _ZERO8:
+        return f"span_id of {len(sid)} bytes{' (all zero)' if sid and not any(sid) else ''}; a span id is 8 bytes, " \
+               f"not all zero"
+    if parent and len(parent) != 8:
+        return f"parent_span_id of {len(parent)} bytes; a span id is 8 bytes (or empty for a root span)"
+    for j, link in enumerate(span.links):
+        if len(link.trace_id) != 16 or len(link.span_id) != 8:
+            return f"links[{j}]: trace_id of {len(link.trace_id)} and span_id of {len(link.span_id)} bytes " \
+                   f"(16 and 8 expected)"
+    return None
+
+
+def check_ids(signal: Signal, message: Any) -> None:
+    """Raises MalformedBatch naming the first item with an invalid id."""
+    if signal is Signal.TRACES:
+        for r, rs in enumerate(message.resource_spans):
+            for s, ss in enumerate(rs.scope_spans):
+                for i, span in enumerate(ss.spans):
+                    problem = _bad_span(span)
+                    if problem is not None:
+                        raise MalformedBatch(f"resource_spans[{r}].scope_spans[{s}].spans[{i}]: {problem}")
+    elif signal is Signal.LOGS:
+        for r, rl in enumerate(message.resource_logs):
+            for s, sl in enumerate(rl.scope_logs):
+                for i, rec in enumerate(sl.log_records):
+                    tl, sl_ = len(rec.trace_id), len(rec.span_id)
+                    if tl not in (0, 16) or sl_ not in (0, 8):
+                        raise MalformedBatch(f"resource_logs[{r}].scope_logs[{s}].log_records[{i}]: trace_id of {tl} "
+                                             f"and span_id of {sl_} bytes; they are 16 and 8 bytes, or empty")
