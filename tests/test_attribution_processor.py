@@ -26,7 +26,7 @@ def collector(monkeypatch):
     monkeypatch.setitem(registry.BUILTIN["exporter"], "capture", "otel_gpu.testing.capture")
     pipe = {"receivers": ["otlp"], "processors": ["attribution"], "exporters": ["capture"]}
     config = {"receivers": {"otlp": {"grpc": {"endpoint": "127.0.0.1:0"}, "http": None}},
-              "processors": {"attribution": {"hang_timeout_s": 2.0, "tick_interval_s": 60}},
+              "processors": {"attribution": {"hang_timeout": "2s", "tick_interval": "1m"}},
               "exporters": {"capture": {}},
               "service": {"pipelines": {"traces": pipe, "metrics": pipe, "logs": pipe}}}
     c = Collector(load_text(yaml.safe_dump(config)))

@@ -325,7 +325,7 @@ class AttributionProcessor(Processor):
                     if name.startswith("gpu.") or name in (G.ECC_ERRORS.name,):
                         host = host or self._host(self._view(rm.resource).attrs)
                         self._gpu_metric(host, m, gpus)
-                    elif name in _NIC_ERRORS or name in _NIC_UP:
+                    if name in _NIC_ERRORS or name in _NIC_UP:  # hw.errors is both the GPUs' and the NICs' (hw.type)
                         host = host or self._host(self._view(rm.resource).attrs)
                         self._nic_metric(host, m, ports)
             for sample in gpus.values():
@@ -390,7 +390,7 @@ class AttributionProcessor(Processor):
             if m.name in _NIC_UP:
                 sample.up = self._num(p) >= 1
             else:
-                counter = attrs.get(str(N.COUNTER))
+                counter = attrs.get(str(G.ERROR_TYPE)) or attrs.get(str(N.COUNTER))
                 if counter:
                     sample.counters[str(counter)] = self._num(p)
 
@@ -438,6 +438,7 @@ class AttributionProcessor(Processor):
                 record.recurrence = int(history.recurrence(record.signature))
             except Exception:  # noqa: BLE001 - the store may be busy or gone; recurrence stays 0
                 self.host.log_once("history", logging.WARNING, "failure history unavailable", exc_info=True)
+        self._device_history(record)
         with self._lock:
             self._records.append(record)
             del self._records[:-1000]
@@ -462,6 +463,28 @@ class AttributionProcessor(Processor):
             self.host.emit(Batch.from_message(Signal.LOGS, _failure_logs(record)))
         if self.host.has_consumer(Signal.METRICS):
             self.host.emit(Batch.from_message(Signal.METRICS, self._failure_metrics()))
+
+    def _device_history(self, record: FailureRecord) -> None:
+        """Device health (issue 15): asks the health processor's shared service, when one runs, what it knows of the
+        culprit's GPU and node; adds that history to the evidence, raises confidence in a hardware cause for a device
+        already in watch/drain, and names a recurring culprit (third failure on the same device)."""
+        health = self.host.services.get("device_health")
+        if health is None:
+            return
+        try:
+            ctx = health.failure_context(host=record.culprit.host, gpu=record.culprit.gpu, job_id=record.job_id,
+                                         category=record.category.value, time_s=record.onset_time)
+        except Exception:  # noqa: BLE001 - device history is a bonus, never a reason to lose the record
+            self.host.log_once("device_health", logging.WARNING, "device health unavailable", exc_info=True)
+            return
+        if ctx.get("devices"):
+            record.details["devices"] = list(ctx["devices"])
+        record.evidence.extend(str(e) for e in ctx.get("evidence") or ())
+        record.confidence = min(0.99, record.confidence + float(ctx.get("confidence_boost") or 0.0))
+        if ctx.get("recurring"):
+            record.details["recurring_culprit"] = ctx["recurring"]
+            record.summary += f" (recurring culprit: {ctx['recurring']['device_id']}, failure " \
+                              f"#{ctx['recurring']['failures']})"
 
     def _failure_metrics(self) -> ExportMetricsServiceRequest:
         counts: dict[tuple[str, str, str, str], int] = {}
