@@ -79,7 +79,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from otel_gpu.launcher import run
 
-    return run(list(args.cmd), endpoint=args.endpoint)
+    if args.restart == "never" and not args.policy and args.max_restarts is None and args.restart_window is None:
+        return run(list(args.cmd), endpoint=args.endpoint)
+    from otel_gpu.supervisor.cli import run_supervised
+
+    return run_supervised(args)
 
 
 def _not_yet(name: str, issue: str):
@@ -115,6 +119,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="launch a training command with auto-instrumentation")
     p.add_argument("--endpoint", metavar="URL")
+    p.add_argument("--restart", choices=("never", "auto", "always"), default="never",
+                   help="act on the collector's verdict: auto restarts what a restart fixes, excludes the culprit "
+                   "of hardware faults, stops with the diagnosis on user errors; always restarts on any failure; "
+                   "never (default) runs once")
+    p.add_argument("--max-restarts", type=int, metavar="N", help="restart budget per window (default 3)")
+    p.add_argument("--restart-window", metavar="DURATION", help="window of the budget, e.g. 30m, 1h (default 1h)")
+    p.add_argument("--policy", metavar="FILE", help="restart policy YAML (see docs/restart.md)")
+    p.add_argument("--verdict-url", metavar="URL", help="the collector's verdict API (default: the OTLP "
+                   "endpoint's host, port 4319; env OTEL_GPU_VERDICT_ENDPOINT)")
+    p.add_argument("--job-id", metavar="ID", help="job id (default: OTEL_GPU_JOB_ID, else generated)")
     p.add_argument("cmd", nargs=argparse.REMAINDER)
     p.set_defaults(func=cmd_run)
 

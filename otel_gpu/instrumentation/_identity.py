@@ -29,6 +29,15 @@ def job_id_from_env(explicit: str | None = None) -> str:
     return job
 
 
+def restart_count_from_env() -> int | None:
+    """torchrun's restart count plus ``otel-gpu run --restart``'s (OTEL_GPU_RESTART_COUNT: the restarts of the whole
+    command so far, torchrun's own restarts in earlier starts included), so every incarnation counts higher."""
+    ours, torch_count = _int_env("OTEL_GPU_RESTART_COUNT"), _int_env("TORCHELASTIC_RESTART_COUNT")
+    if ours is None and torch_count is None:
+        return None
+    return (ours or 0) + (torch_count or 0)
+
+
 class Identity:
     """Resource attributes; rank and world size are refreshed when the default process group is created."""
 
@@ -39,7 +48,7 @@ class Identity:
         self.rank = _int_env("RANK")
         self.local_rank = _int_env("LOCAL_RANK")
         self.world_size = _int_env("WORLD_SIZE")
-        self.restart_count = _int_env("TORCHELASTIC_RESTART_COUNT")
+        self.restart_count = restart_count_from_env()
         self.host = socket.gethostname()
         self.pid = os.getpid()
         self.gpu_index: int | None = None

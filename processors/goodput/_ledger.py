@@ -28,15 +28,31 @@ class JobLedger:
     productive_since_checkpoint: float = 0.0
     hang_since: float | None = None
     last_step_end: float = 0.0
+    #: Per incarnation (restart count): start, last activity, productive and wasted seconds, the gap before it.
+    incarnations: list = field(default_factory=list)
+
+    def _incarnation(self) -> dict:
+        if not self.incarnations:
+            self.incarnations.append({"restart_count": self.restart_count, "start": self.first_seen,
+                                      "end": self.last_seen, "productive_s": 0.0, "wasted_s": 0.0,
+                                      "restart_gap_s": 0.0})
+        return self.incarnations[-1]
 
     def touch(self, t: float, restart_count: int) -> None:
         if restart_count > self.restart_count:
             # A new incarnation: the gap since the last one's activity is restart badput.
             gap_from = self.incarnation_end or self.last_seen
-            if t > gap_from:
-                self.badput[B.RESTART_GAP.value] += t - gap_from
+            gap = max(0.0, t - gap_from)
+            self.badput[B.RESTART_GAP.value] += gap
+            self._incarnation()
             self.restart_count = restart_count
             self.incarnation_end = None
+            self.incarnations.append({"restart_count": restart_count, "start": t, "end": t, "productive_s": 0.0,
+                                      "wasted_s": 0.0, "restart_gap_s": gap})
+            del self.incarnations[:-50]
+        current = self._incarnation()
+        if restart_count == current["restart_count"]:
+            current["end"] = max(current["end"], t)
         self.first_seen = min(self.first_seen, t)
         self.last_seen = max(self.last_seen, t)
 
@@ -67,6 +83,7 @@ class JobLedger:
         self.badput[B.SLOWDOWN.value] += excess
         self.productive_s += work - excess
         self.productive_since_checkpoint += work - excess
+        self._incarnation()["productive_s"] += work - excess
 
     def checkpoint(self, kind: str, start: float, end: float, inside_step: bool) -> None:
         duration = max(0.0, end - start)
@@ -84,6 +101,9 @@ class JobLedger:
         wasted = min(self.productive_since_checkpoint, self.productive_s)
         self.productive_s -= wasted
         self.badput[B.WASTED_PROGRESS.value] += wasted
+        current = self._incarnation()
+        current["productive_s"] -= wasted
+        current["wasted_s"] += wasted
         self.productive_since_checkpoint = 0.0
         if kind == "hang" and self.hang_since is None:
             self.hang_since = max(onset, self.last_step_end)  # time already counted in a step is not hang time
@@ -102,4 +122,6 @@ class JobLedger:
                 "wall_time_s": round(wall, 3), "productive_time_s": round(self.productive_s, 3),
                 "badput_s": {k: round(v, 3) for k, v in badput.items()}, "failures": self.failures,
                 "restarts": self.restart_count, "first_seen": round(self.first_seen, 3),
+                "incarnations": [{k: round(v, 3) if isinstance(v, float) else v for k, v in inc.items()}
+                                 for inc in self.incarnations],
                 "last_seen": round(self.last_seen, 3)}

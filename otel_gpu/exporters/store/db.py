@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["DB_FILE", "SCHEMA_VERSION", "StoreMissing", "StoreTooNew", "db_path", "open_writer", "open_reader",
-           "failures", "goodput", "latest_goodput", "jobs", "failure_count"]
+           "failures", "goodput", "latest_goodput", "jobs", "failure_count", "restarts"]
 
 DB_FILE = "otel-gpu.db"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 # Each entry migrates from version i to i + 1 (index 0: empty file -> 1). Append; never edit a shipped step.
 _MIGRATIONS: list[tuple[str, ...]] = [
@@ -50,6 +50,12 @@ _MIGRATIONS: list[tuple[str, ...]] = [
         "CREATE TABLE job_ranks (job_id TEXT NOT NULL, rank INTEGER NOT NULL, PRIMARY KEY (job_id, rank)) "
         "WITHOUT ROWID",
         "CREATE TABLE job_hosts (job_id TEXT NOT NULL, host TEXT NOT NULL, PRIMARY KEY (job_id, host)) WITHOUT ROWID",
+    ),
+    (  # 2: decisions of otel-gpu run --restart (one row per decision; a job's incarnations on one timeline)
+        """CREATE TABLE restarts (
+               id INTEGER PRIMARY KEY AUTOINCREMENT, job_id TEXT NOT NULL, time REAL, received_time REAL NOT NULL,
+               record TEXT NOT NULL)""",
+        "CREATE INDEX restarts_job ON restarts(job_id, time)",
     ),
 ]
 assert len(_MIGRATIONS) == SCHEMA_VERSION
@@ -183,6 +189,19 @@ def goodput_history(conn: sqlite3.Connection, job_id: str, limit: int = 100) -> 
     rows = conn.execute("SELECT summary FROM goodput_history WHERE job_id = ? ORDER BY id DESC LIMIT ?",
                         (job_id, limit))
     return [json.loads(r[0]) for r in rows]
+
+
+def restarts(conn: sqlite3.Connection, job_id: str | None = None, limit: int = 1000) -> list[dict[str, Any]]:
+    """Decisions of ``otel-gpu run --restart`` (oldest first): the incarnations of each job on one timeline."""
+    if _version(conn) < 2:
+        return []
+    sql, args = "SELECT record FROM restarts", []
+    if job_id is not None:
+        sql += " WHERE job_id = ?"
+        args.append(job_id)
+    sql += " ORDER BY coalesce(time, received_time), id LIMIT ?"
+    args.append(limit)
+    return [json.loads(row[0]) for row in conn.execute(sql, args)]
 
 
 def jobs(conn: sqlite3.Connection, job_id: str | None = None) -> list[dict[str, Any]]:

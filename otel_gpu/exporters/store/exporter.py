@@ -18,6 +18,7 @@ from otel_gpu.exporters.store.config import StoreExporterConfig
 from otel_gpu.pdata import Batch, Signal
 from otel_gpu.schema import failure as failure_schema
 from otel_gpu.schema import identity
+from otel_gpu.schema import training as training_schema
 
 __all__ = ["FailureHistory", "StoreExporter"]
 
@@ -25,7 +26,8 @@ _logger = logging.getLogger(__name__)
 
 _FAILURE = failure_schema.FAILURE_EVENT.name
 _GOODPUT = failure_schema.GOODPUT_EVENT.name
-_EVENTS = (_FAILURE, _GOODPUT)
+_RESTART = training_schema.RESTART_EVENT.name
+_EVENTS = (_FAILURE, _GOODPUT, _RESTART)
 _JOB, _HOST, _RANK, _WORLD = (str(identity.JOB_ID), str(identity.HOST_NAME), str(identity.RANK),
                               str(identity.WORLD_SIZE))
 _IDENTITY_KEYS = frozenset((_JOB, _HOST, _RANK, _WORLD))
@@ -409,6 +411,10 @@ class StoreExporter(Exporter):
             for name, body, received, signature in records:
                 if name == _FAILURE:
                     self._insert_failure(conn, body, received, signature)
+                elif name == _RESTART:
+                    conn.execute("INSERT INTO restarts (job_id, time, received_time, record) VALUES (?, ?, ?, ?)",
+                                 (str(body.get("job_id") or ""), _num(body.get("time")), received,
+                                  json.dumps(body, sort_keys=True)))
                 else:
                     self._insert_goodput(conn, body, received)
             self._write_jobs(conn, jobs)
@@ -488,6 +494,7 @@ class StoreExporter(Exporter):
                 conn.execute("DELETE FROM goodput_history WHERE id <= (SELECT id FROM goodput_history "
                              "ORDER BY id DESC LIMIT 1 OFFSET ?)", (cfg.max_goodput_history,))
                 conn.execute("DELETE FROM goodput WHERE updated_time < ?", (cutoff,))
+                conn.execute("DELETE FROM restarts WHERE received_time < ?", (cutoff,))
                 if conn.execute("DELETE FROM jobs WHERE last_seen < ?", (cutoff,)).rowcount:
                     conn.execute("DELETE FROM job_ranks WHERE job_id NOT IN (SELECT job_id FROM jobs)")
                     conn.execute("DELETE FROM job_hosts WHERE job_id NOT IN (SELECT job_id FROM jobs)")
