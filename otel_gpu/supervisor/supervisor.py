@@ -116,15 +116,20 @@ class Supervisor:
         return out
 
     def _wait_verdict(self, since: float) -> dict[str, Any] | None:
+        """After the job failed: its verdict. A sure record (not one already printed as unsure while the job ran)
+        is taken at once; otherwise the best record there is when ``verdict.wait_s`` is up."""
         deadline = time.monotonic() + self.policy.verdict.wait_s
+        found: list[dict[str, Any]] | None = []
         while True:
-            found = self._failures(since)
-            if found:
-                return _first_cause(found)
-            if found is None and self._reachable is False:
+            found = self._failures(since) or found
+            sure = [r for r in found or [] if _key(r) not in self.reported
+                    and _confidence(r) >= self.policy.hang.min_confidence]
+            if sure:
+                return _first_cause(sure)
+            if not found and self._reachable is False:
                 return None  # nobody to ask: do not wait for nothing
             if time.monotonic() >= deadline:
-                return None
+                return max(found, key=_confidence) if found else None
             time.sleep(0.25)
 
     # -- actions ---------------------------------------------------------------------------------------------------
