@@ -101,7 +101,7 @@ def test_json_report_is_the_public_contract(store):
     code, out, _ = run(store, fmt="json")
     assert code == 0
     report = json.loads(out)
-    assert set(report) == {"failures", "goodput", "jobs"}
+    assert set(report) == {"failures", "goodput", "jobs", "restarts"}  # restarts: otel-gpu run --restart decisions
     assert report["failures"] == [XID, HANG]
     for record in report["failures"]:
         assert set(RECORD_KEYS) <= set(record)
@@ -129,7 +129,7 @@ def test_missing_and_empty_store(tmp_path):
     empty = tmp_path / "empty"
     db.open_writer(empty).close()
     assert run(empty) == (0, "no failures recorded\ngoodput: no data\n", "")
-    assert json.loads(run(empty, fmt="json")[1]) == {"failures": [], "goodput": None, "jobs": []}
+    assert json.loads(run(empty, fmt="json")[1]) == {"failures": [], "goodput": None, "jobs": [], "restarts": []}
 
 
 def test_not_a_store_is_a_clear_error(tmp_path):
