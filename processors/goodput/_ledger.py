@@ -30,6 +30,9 @@ class JobLedger:
     last_step_end: float = 0.0
     #: Per incarnation (restart count): start, last activity, productive and wasted seconds, the gap before it.
     incarnations: list = field(default_factory=list)
+    #: (end, productive seconds) of this incarnation's steps: progress lost in a failure is what ended after the last
+    #: checkpoint, whatever order the ranks' spans arrive in.
+    recent_steps: deque = field(default_factory=lambda: deque(maxlen=100_000))
 
     def _incarnation(self) -> dict:
         if not self.incarnations:
@@ -83,6 +86,7 @@ class JobLedger:
         self.badput[B.SLOWDOWN.value] += excess
         self.productive_s += work - excess
         self.productive_since_checkpoint += work - excess
+        self.recent_steps.append((end, work - excess))
         self._incarnation()["productive_s"] += work - excess
 
     def checkpoint(self, kind: str, start: float, end: float, inside_step: bool) -> None:
@@ -90,7 +94,7 @@ class JobLedger:
         if kind == "save":
             if not inside_step:
                 self.badput[B.CHECKPOINT_SAVE.value] += duration
-            self.last_checkpoint_end = end
+            self.last_checkpoint_end = max(self.last_checkpoint_end or end, end)  # spans may arrive out of order
             self.productive_since_checkpoint = 0.0
         else:
             self.badput[B.CHECKPOINT_RESTORE.value] += duration
@@ -98,7 +102,10 @@ class JobLedger:
     def failure(self, kind: str, onset: float, detected: float) -> None:
         self.failures += 1
         # Progress since the last checkpoint is lost: it moves from productive to wasted.
-        wasted = min(self.productive_since_checkpoint, self.productive_s)
+        since = self.last_checkpoint_end
+        wasted = sum(w for end, w in self.recent_steps if since is None or end > since)
+        wasted = min(wasted, self.productive_s)
+        self.recent_steps.clear()
         self.productive_s -= wasted
         self.badput[B.WASTED_PROGRESS.value] += wasted
         current = self._incarnation()
