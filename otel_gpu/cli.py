@@ -80,7 +80,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from otel_gpu.launcher import run
 
     if args.restart == "never" and not args.policy and args.max_restarts is None and args.restart_window is None:
-        return run(list(args.cmd), endpoint=args.endpoint)
+        return run(list(args.cmd), endpoint=args.endpoint, job_id=args.job_id)
     from otel_gpu.supervisor.cli import run_supervised
 
     return run_supervised(args)

@@ -127,3 +127,20 @@ def test_policy_overrides_defaults_and_errors():
         assert needle in text, text
     with pytest.raises(ConfigError, match="not valid YAML at line 1"):
         load_policy_text("budget: {max_restarts: [")
+
+
+def test_exclude_hook_gets_the_culprit_shell_quoted_and_gpu_is_left_out(tmp_path, monkeypatch):
+    from otel_gpu.supervisor import Supervisor
+    from otel_gpu.supervisor.supervisor import Decision
+
+    out = tmp_path / "hook.txt"
+    policy = load_policy_text(f"hooks: {{exclude: 'printf \"%s|\" {{host}} {{gpu_uuid}} {{gpu_index}} {{rank}} "
+                              f"{{root_cause}} > {out}', exclude_gpu: true}}\n")
+    sup = Supervisor(["true"], "auto", policy, None, "job-x", "http://127.0.0.1:9")
+    record = {"root_cause": "gpu_fell_off_bus", "culprit": {"rank": 0, "host": "node 7; rm -rf /", "gpu": "2"}}
+    decision = Decision("job-x", 0, 0, 0.0, "exit", 1, "restart", "")
+    sup._exclude(record, decision)
+    assert out.read_text() == "node 7; rm -rf /||2|0|gpu_fell_off_bus|"  # one argument: quoted, never run
+    assert decision.hook["exit_code"] == 0 and decision.excluded == "host node 7; rm -rf /, GPU 2"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
+    assert sup._cuda_env() == {"CUDA_VISIBLE_DEVICES": "0,1,3"}

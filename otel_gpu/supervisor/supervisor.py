@@ -319,6 +319,8 @@ class Supervisor:
                          **base)
             self._record(d, launch)
             return d
+        if record is None and self._reachable is False and self.client.healthy():
+            self._reachable = True  # the collector came up meanwhile
         if record is None and self._reachable is not False:
             record = self._wait_verdict(started)
         if record is not None:
