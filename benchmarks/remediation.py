@@ -64,7 +64,7 @@ def run_case(rig: RestartRig, fault: str, side: str, workdir: Path, gloo_timeout
             rc = None
     wall = time.time() - t0
     progress = rig.progress(job_dir)
-    starts = sum(p["event"] == "start" for p in progress)
+    starts = sum(p["event"] == "launch" for p in progress)  # every start, one that failed in rendezvous too
     done = any(p["event"] == "done" for p in progress)
     time.sleep(2.5)  # the goodput processor reports every second; let the last summary reach the store
     with db.open_reader(rig.store) as conn:

@@ -107,7 +107,7 @@ def test_value_error_is_never_restarted_and_the_diagnosis_comes_within_5_s(rig, 
               rig.job_env(fault="exception", once=False, job_id=job, job_dir=tmp_path))
     assert run.rc != 0
     progress = rig.progress(tmp_path)
-    assert [p["event"] for p in progress] == ["start", "fault"], progress  # one start: zero restarts
+    assert [p["event"] for p in progress] == ["launch", "start", "fault"], progress  # one start: zero restarts
     crash = progress[-1]["t"]
     shown = run.first(f"CRASH in job {job}: rank 1 raised ValueError")
     assert shown is not None, run.text[-6000:]
@@ -142,8 +142,8 @@ def test_restart_loop_stops_at_the_budget(rig, tmp_path):
                             str(_policy(tmp_path, "budget: {backoff_initial: 0.2s}\n"))]),
               rig.job_env(fault="sigkill", once=False, job_id=job, job_dir=tmp_path))
     assert run.rc != 0
-    starts = [p for p in rig.progress(tmp_path) if p["event"] == "start"]
-    assert len(starts) == 2  # the first start and one restart
+    launches = [p for p in rig.progress(tmp_path) if p["event"] == "launch"]
+    assert len(launches) == 2  # the first start and one restart
     assert [d["decision"] for d in _decisions(rig, job)] == ["restart", "give_up"]
     assert run.count("restart budget spent (1 per 60 min)") == 1, run.text[-4000:]
 
@@ -165,7 +165,7 @@ def test_unreachable_collector_runs_the_job_plain_and_never_restarts(tmp_path):
     rig = RestartRig(tmp_path / "rig", start_collector=False)  # its ports: free, nobody listens
     run = Run(rig.run_argv(["--restart", "auto"]), rig.job_env(fault="sigkill", job_dir=tmp_path / "job"))
     assert run.rc != 0
-    assert [p["event"] for p in rig.progress(tmp_path / "job")] == ["start", "fault"]
+    assert [p["event"] for p in rig.progress(tmp_path / "job")] == ["launch", "start", "fault"]
     assert run.count("WARNING: no verdict from the collector") == 1, run.text[-4000:]
     assert run.count("never restarting on a guess") == 1 and run.count("RESTART") == 0
 

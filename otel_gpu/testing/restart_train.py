@@ -4,7 +4,8 @@
 Run under torchrun, e.g. ``otel-gpu run --restart auto -- torchrun --standalone --nproc-per-node 2 -m
 otel_gpu.testing.restart_train``. Settings from the environment (nothing here imports otel_gpu):
 
-- ``OTEL_GPU_WORKDIR`` (required): checkpoint, fault markers and ``progress.jsonl`` (one line per start and end);
+- ``OTEL_GPU_WORKDIR`` (required): checkpoint, fault markers and ``progress.jsonl`` (one line per launch, start after
+  the process group is up, fault and end);
 - ``OTEL_GPU_FAULT``: none, sigkill (the rank kills itself), exception (ValueError in user code), hang (the rank
   sleeps before a collective); ``OTEL_GPU_FAULT_RANK`` (1), ``OTEL_GPU_FAULT_STEP`` (15);
 - ``OTEL_GPU_FAULT_ONCE`` (1): strike only once across restarts (a transient fault; a marker file remembers it);
@@ -66,6 +67,9 @@ def inject(rank: int, step: int) -> None:
 
 
 def main() -> None:
+    if os.environ.get("RANK") == "0":  # before anything can fail: counts every start, torchrun's own restarts too
+        _log(event="launch", torchelastic_restart_count=os.environ.get("TORCHELASTIC_RESTART_COUNT"),
+             restart_count=os.environ.get("OTEL_GPU_RESTART_COUNT"))
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=GLOO_TIMEOUT_S))
     rank = dist.get_rank()
     torch.manual_seed(0)
