@@ -97,9 +97,16 @@ def _wrap_batch_isend_irecv(orig):
 def _wrap_init_process_group(orig):
     @functools.wraps(orig)
     def init_process_group(*args, **kwargs):
-        result = orig(*args, **kwargs)
         from otel_gpu.instrumentation import _runtime
 
+        rt = _runtime.current()
+        if rt is not None:
+            rt.on_process_group_init()
+        try:
+            result = orig(*args, **kwargs)
+        finally:
+            if rt is not None:
+                rt._in_pg_init = False
         rt = _runtime.current()
         if rt is not None:
             try:
