@@ -102,11 +102,7 @@ def _wrap_init_process_group(orig):
         rt = _runtime.current()
         if rt is not None:
             rt.on_process_group_init()
-        try:
-            result = orig(*args, **kwargs)
-        finally:
-            if rt is not None:
-                rt._in_pg_init = False
+        result = orig(*args, **kwargs)  # if it raises, the process is failing anyway: no stall to report
         rt = _runtime.current()
         if rt is not None:
             try:

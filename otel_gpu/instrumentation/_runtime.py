@@ -142,7 +142,9 @@ class Runtime:
         self.counters = collections.Counter()
         self._last_progress_marker = None
         self._last_progress_ns = time.time_ns()
-        self._in_pg_init = False  # inside init_process_group: waiting for peers that still start is not a stall
+        # A rank of a multi-rank job (WORLD_SIZE > 1) is starting up until its process group exists: imports and the
+        # rendezvous with peers that still start are not a stall (under load they outlast the hang timeout).
+        self._in_pg_init = (os.environ.get("WORLD_SIZE") or "1").strip() not in ("", "0", "1")
         self._last_record_end_ns = 0
         self._stacks_sent_for = None
         self._exit_info: dict | None = None
@@ -213,7 +215,7 @@ class Runtime:
 
     # ---------------------------------------------------------------- identity / registry
     def on_process_group_init(self) -> None:
-        self._in_pg_init = True
+        self._in_pg_init = True  # waiting in the rendezvous for peers that still start is not a stall
 
     def on_process_group_created(self) -> None:
         # Start-up (imports, rendezvous with ranks that are still starting) is not a stall: under load it can take
