@@ -298,6 +298,8 @@ def run(cmd: list[str], endpoint: str | None = None, job_id: str | None = None, 
         print("otel-gpu run: no command given (usage: otel-gpu run [--endpoint URL] -- CMD ...)", file=sys.stderr)
         return 2
     launch = Launch(cmd, endpoint, resolve_job_id(job_id), keep_registry=keep_registry)
+    print(f"otel-gpu run: job {launch.job_id}; telemetry to {launch.config.endpoint} ({launch.config.protocol})",
+          file=sys.stderr, flush=True)
     try:
         launch.start()
     except OSError as exc:
@@ -320,7 +322,10 @@ def run(cmd: list[str], endpoint: str | None = None, job_id: str | None = None, 
         restore_signals(previous)
         launch.close()
     launch.print_ends()
-    return launch.status
+    status = launch.status
+    print(f"otel-gpu run: job {launch.job_id} ended with status {status}; what happened: otel-gpu report --job "
+          f"{launch.job_id}", file=sys.stderr, flush=True)
+    return status
 
 
 def threading_is_main() -> bool:

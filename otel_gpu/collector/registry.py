@@ -21,6 +21,8 @@ BUILTIN: dict[str, dict[str, str]] = {
         "goodput": "otel_gpu.processors.goodput",
         "memory_limiter": "otel_gpu.processors.memory_limiter",
         "compact": "otel_gpu.processors.compact",
+        "batch": "otel_gpu.processors.batch",
+        "health": "otel_gpu.processors.health",
     },
     "exporter": {
         "otlp": "otel_gpu.exporters.otlp",
@@ -29,6 +31,9 @@ BUILTIN: dict[str, dict[str, str]] = {
         "store": "otel_gpu.exporters.store",
         "debug": "otel_gpu.exporters.debug",
         "verdict": "otel_gpu.exporters.verdict",
+    },
+    "extension": {
+        "health_check": "otel_gpu.extensions.health_check",
     },
 }
 

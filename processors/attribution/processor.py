@@ -78,9 +78,31 @@ def _identity(res: dict[str, Any]) -> Identity | None:
     if job is None or rank is None:
         return None
     gpu = res.get(str(I.GPU_INDEX))
+    uuid = res.get(str(I.GPU_UUID))
     return Identity(job_id=str(job), rank=rank, host=res.get(str(I.HOST_NAME)), pid=_int(res.get(str(I.PROCESS_PID))),
                     local_rank=_int(res.get(str(I.LOCAL_RANK))), world_size=_int(res.get(str(I.WORLD_SIZE))),
-                    gpu=None if gpu is None else str(gpu), restart_count=_int(res.get(str(I.RESTART_COUNT))) or 0)
+                    gpu=None if gpu is None else str(gpu), restart_count=_int(res.get(str(I.RESTART_COUNT))) or 0,
+                    gpu_uuid=str(uuid) if uuid else None, net_ifaces=_ifaces(res.get(NET_INTERFACES)))
+
+
+#: The network interfaces / HCAs a rank communicates over: only their ports can be network evidence for the job;
+#: without it, the ports that were up when the job started.
+NET_INTERFACES = str(I.NET_INTERFACES)
+
+
+def _ifaces(value: Any) -> frozenset[str] | None:
+    """Interface names from an attribute: "eth0,ib0", ["mlx5_0:1", "mlx5_1"], NCCL's "=mlx5_0" (exact) prefix; a
+    port suffix ":1" is dropped (ports are matched by device); "^..." (exclusions) tells nothing usable."""
+    if not value:
+        return None
+    items = value if isinstance(value, list) else str(value).split(",")
+    out = set()
+    for item in items:
+        name = str(item).strip().lstrip("=")
+        if not name or name.startswith("^"):
+            continue
+        out.add(name.split(":", 1)[0])
+    return frozenset(out) or None
 
 
 class _ResourceView:
@@ -127,9 +149,12 @@ class AttributionProcessor(Processor):
             hang_timeout_s=config.hang_timeout_s, hang_step_factor=config.hang_step_factor,
             heartbeat_timeout_s=config.heartbeat_timeout_s, crash_settle_s=config.crash_settle_s,
             slowdown_ratio=config.slowdown_ratio, slowdown_min_excess_s=config.slowdown_min_excess_s,
-            slowdown_warmup_steps=config.slowdown_warmup_steps, checkpoint_stall_s=config.checkpoint_stall_s))
+            slowdown_warmup_steps=config.slowdown_warmup_steps, checkpoint_stall_s=config.checkpoint_stall_s,
+            checkpoint_timeout_s=config.checkpoint_timeout_s, stack_grace_s=config.stack_grace_s,
+            startup_timeout_s=config.startup_timeout_s))
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._wake = threading.Event()  # set when a crash incident opens: its decision falls due before a tick
         self._thread: threading.Thread | None = None
         self._records: list[FailureRecord] = []  # everything reported, newest last (bounded)
         self._tagging: dict[str, FailureRecord] = {}  # job -> the hang or slowdown its spans are tagged with
@@ -143,16 +168,31 @@ class AttributionProcessor(Processor):
 
     def shutdown(self, timeout_s: float = 5.0) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
         self.tick()  # what was decided in the last moments still goes out
 
     def _run(self) -> None:
-        while not self._stop.wait(self.config.tick_interval_s):
+        while not self._stop.is_set():
+            self._wake.wait(self._next_wait())
+            self._wake.clear()
+            if self._stop.is_set():
+                break
             try:
                 self.tick()
             except Exception:  # noqa: BLE001 - the clock must keep running
                 self.host.log_once("tick", logging.ERROR, "attribution tick failed (logged once)", exc_info=True)
+
+    def _next_wait(self) -> float:
+        """Until the next tick: the tick interval, or sooner when a crash decision falls due (a crash is named as
+        soon as its settle time is over, not up to a tick interval later)."""
+        with self._lock:
+            due = self.engine.next_deadline()
+        wait = self.config.tick_interval_s
+        if due is not None:
+            wait = min(wait, max(0.01, due - self._clock() + 0.005))
+        return wait
 
     def tick(self, now: float | None = None) -> list[FailureRecord]:
         now = self._clock() if now is None else now
@@ -178,6 +218,9 @@ class AttributionProcessor(Processor):
             else:
                 if self._spans(batch.message, now) and self._tagging:
                     self._tag(batch)
+            if self.engine.incident_opened:
+                self.engine.incident_opened = False
+                self._wake.set()
         return batch
 
     def _view(self, resource) -> _ResourceView:
@@ -234,12 +277,14 @@ class AttributionProcessor(Processor):
                                 op=inflight.get("op"),
                                 pg=None if inflight.get("pg") is None else str(inflight.get("pg")),
                                 seq=_int(inflight.get("seq")), since=float(inflight["since"]),
-                                bytes=_int(inflight.get("bytes")))
+                                bytes=_int(inflight.get("bytes")),
+                                p2p=bool(inflight.get("p2p")) or inflight.get("kind") == "p2p")
             self.engine.observe_heartbeat(Heartbeat(
                 who, t, _int(body.get("step")), body.get("state"), infl,
                 {str(k): int(v) for k, v in (body.get("last_seq") or {}).items()},
                 {str(k): int(v) for k, v in (body.get("last_started_seq") or {}).items()},
-                body.get("stack_top") or body.get("user_top"), _float(body.get("stalled_s"))), now)
+                body.get("stack_top") or body.get("user_top"), _float(body.get("stalled_s")),
+                _int(counters.get("steps")) if isinstance(counters := body.get("counters"), dict) else None), now)
         elif name == T.STACKS_EVENT.name:
             frames: list[dict] = []
             for thread in body.get("threads") or []:
@@ -249,7 +294,8 @@ class AttributionProcessor(Processor):
         elif name == T.EXCEPTION_EVENT.name:
             self.engine.observe_exception(ExceptionSeen(
                 who, t, str(attrs.get(str(T.EXC_TYPE), "?")), str(attrs.get(str(T.EXC_MESSAGE), "")),
-                attrs.get(str(T.EXC_HINT)), str(attrs.get(str(T.EXC_STACK), ""))), now)
+                attrs.get(str(T.EXC_HINT)), str(attrs.get(str(T.EXC_STACK), "")),
+                thread=None if attrs.get(str(T.THREAD_NAME)) is None else str(attrs.get(str(T.THREAD_NAME)))), now)
         elif name == T.EXIT_EVENT.name:
             signal_name = attrs.get(str(T.EXIT_SIGNAL))
             self.engine.observe_exit(ExitSeen(who, t, _int(attrs.get(str(T.EXIT_CODE))), signal_name or None), now)
@@ -263,7 +309,7 @@ class AttributionProcessor(Processor):
         gpu = attrs.get(str(I.GPU_INDEX))
         self.engine.observe_xid(XidSeen(host, None if gpu is None else str(gpu), code,
                                         _seconds(record.time_unix_nano) or self._clock(),
-                                        attrs.get(str(I.GPU_PCI_BUS_ID))))
+                                        attrs.get(str(I.GPU_PCI_BUS_ID)), pid=_int(attrs.get(str(I.PROCESS_PID)))))
 
     def _host(self, res: dict[str, Any]) -> str:
         return str(res.get(str(I.HOST_NAME)) or self.config.default_host or os.uname().nodename)
@@ -279,7 +325,7 @@ class AttributionProcessor(Processor):
                     if name.startswith("gpu.") or name in (G.ECC_ERRORS.name,):
                         host = host or self._host(self._view(rm.resource).attrs)
                         self._gpu_metric(host, m, gpus)
-                    elif name in _NIC_ERRORS or name in _NIC_UP:
+                    if name in _NIC_ERRORS or name in _NIC_UP:  # hw.errors is both the GPUs' and the NICs' (hw.type)
                         host = host or self._host(self._view(rm.resource).attrs)
                         self._nic_metric(host, m, ports)
             for sample in gpus.values():
@@ -344,7 +390,7 @@ class AttributionProcessor(Processor):
             if m.name in _NIC_UP:
                 sample.up = self._num(p) >= 1
             else:
-                counter = attrs.get(str(N.COUNTER))
+                counter = attrs.get(str(G.ERROR_TYPE)) or attrs.get(str(N.COUNTER))
                 if counter:
                     sample.counters[str(counter)] = self._num(p)
 
@@ -387,19 +433,26 @@ class AttributionProcessor(Processor):
     # -- output --------------------------------------------------------------------------------------------------------
     def _publish(self, record: FailureRecord) -> None:
         history = self.host.services.get("failure_history")
-        if history is not None:
+        if history is not None and (record.version == 1 or record.previous_root_cause is not None):
             try:
                 record.recurrence = int(history.recurrence(record.signature))
             except Exception:  # noqa: BLE001 - the store may be busy or gone; recurrence stays 0
                 self.host.log_once("history", logging.WARNING, "failure history unavailable", exc_info=True)
+        self._device_history(record)
         with self._lock:
             self._records.append(record)
             del self._records[:-1000]
-            if record.kind is not F.Kind.CRASH:
+            if record.withdrawn:
+                current = self._tagging.get(record.job_id)
+                if current is not None and current.failure_id == record.failure_id:
+                    del self._tagging[record.job_id]
+            elif record.kind is not F.Kind.CRASH:
                 self._tagging[record.job_id] = record
             if len(self._tagging) > 1000:
                 self._tagging.pop(next(iter(self._tagging)))
-        _logger.warning("failure: %s %s (%s) job=%s culprit=%s: %s", record.kind.value.upper(),
+        _logger.warning("failure%s: %s %s (%s) job=%s culprit=%s: %s",
+                        "" if record.version == 1 else f" revision {record.version}"
+                        + (" (withdrawn)" if record.withdrawn else ""), record.kind.value.upper(),
                         record.root_cause.value, record.category.value, record.job_id,
                         record.culprit.rank, record.summary)
         if self.host.has_consumer(Signal.TRACES):
@@ -411,10 +464,37 @@ class AttributionProcessor(Processor):
         if self.host.has_consumer(Signal.METRICS):
             self.host.emit(Batch.from_message(Signal.METRICS, self._failure_metrics()))
 
+    def _device_history(self, record: FailureRecord) -> None:
+        """Device health (issue 15): asks the health processor's shared service, when one runs, what it knows of the
+        culprit's GPU and node; adds that history to the evidence, raises confidence in a hardware cause for a device
+        already in watch/drain, and names a recurring culprit (third failure on the same device)."""
+        health = self.host.services.get("device_health")
+        if health is None:
+            return
+        try:
+            ctx = health.failure_context(host=record.culprit.host, gpu=record.culprit.gpu, job_id=record.job_id,
+                                         category=record.category.value, time_s=record.onset_time)
+        except Exception:  # noqa: BLE001 - device history is a bonus, never a reason to lose the record
+            self.host.log_once("device_health", logging.WARNING, "device health unavailable", exc_info=True)
+            return
+        if ctx.get("devices"):
+            record.details["devices"] = list(ctx["devices"])
+        record.evidence.extend(str(e) for e in ctx.get("evidence") or ())
+        record.confidence = min(0.99, record.confidence + float(ctx.get("confidence_boost") or 0.0))
+        if ctx.get("recurring"):
+            record.details["recurring_culprit"] = ctx["recurring"]
+            record.summary += f" (recurring culprit: {ctx['recurring']['device_id']}, failure " \
+                              f"#{ctx['recurring']['failures']})"
+
     def _failure_metrics(self) -> ExportMetricsServiceRequest:
         counts: dict[tuple[str, str, str, str], int] = {}
         with self._lock:
+            latest: dict[str, FailureRecord] = {}  # a failure counts once, as its latest revision says
             for r in self._records:
+                latest[r.failure_id or str(id(r))] = r
+            for r in latest.values():
+                if r.withdrawn:
+                    continue
                 key = (r.job_id, r.kind.value, r.root_cause.value, r.category.value)
                 counts[key] = counts.get(key, 0) + 1
         req = ExportMetricsServiceRequest()
@@ -481,7 +561,12 @@ def _failure_kvs(record: FailureRecord) -> list[KeyValue]:
         (str(F.AUTO_REMEDIABLE), bool(record.auto_remediable)), (str(F.JOB_ID), record.job_id),
         (str(F.ONSET_TIME), float(record.onset_time)), (str(F.DETECTED_TIME), float(record.detected_time)),
         (str(F.CONFIDENCE), float(record.confidence)), (str(F.EVIDENCE), list(record.evidence)),
-        (str(F.SIGNATURE), record.signature), (str(F.RECURRENCE), int(record.recurrence))]
+        (str(F.SIGNATURE), record.signature), (str(F.RECURRENCE), int(record.recurrence)),
+        (str(F.FAILURE_ID), record.failure_id), (str(F.VERSION), int(record.version))]
+    if record.withdrawn:
+        pairs.append((str(F.WITHDRAWN), True))
+    if record.previous_root_cause is not None:
+        pairs.append((str(F.PREVIOUS_ROOT_CAUSE), record.previous_root_cause))
     if record.culprit.rank is not None:
         pairs.append((str(F.CULPRIT_RANK), int(record.culprit.rank)))
     if record.culprit.host is not None:
