@@ -119,7 +119,7 @@ def test_value_error_is_never_restarted_and_the_diagnosis_comes_within_5_s(rig, 
 def test_transient_hang_is_stopped_and_restarted_within_the_hang_timeout_plus_10_s(hang_rig, tmp_path):
     rig = hang_rig
     job = _job()
-    policy = _policy(tmp_path, "hang: {decision: restart}\nbudget: {backoff_initial: 0.5s}\nstop_grace_s: 3\n")
+    policy = _policy(tmp_path, "hang: {decision: restart}\nbudget: {backoff_initial: 0.5s}\nstop_grace: 3s\n")
     run = Run(rig.run_argv(["--restart", "auto", "--policy", str(policy)]),
               rig.job_env(fault="hang", rank=1, job_id=job, job_dir=tmp_path))
     assert run.rc == 0, run.text[-6000:]

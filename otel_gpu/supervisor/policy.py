@@ -97,7 +97,7 @@ class HooksPolicy:
     #: Shell command run before restarting with action exclude_node_and_restart; {host} {gpu_uuid} {gpu_index}
     #: {rank} {root_cause} {job_id} are replaced (shell-quoted). Empty: restart without excluding anything.
     exclude: str = ""
-    exclude_timeout_s: float = 60.0
+    exclude_timeout_s: float = 60.0  # YAML: exclude_timeout (a duration, as every *_s field: otel_gpu.config)
     #: One host: restart with CUDA_VISIBLE_DEVICES without the culprit's GPU.
     exclude_gpu: bool = False
 
@@ -169,7 +169,7 @@ class Policy:
                 problems.append(f"actions.{key}: unknown action {action!r} ({did_you_mean(str(action), ACTIONS)}"
                                 f"known: {', '.join(ACTIONS)})")
         if not self.stop_grace_s > 0:
-            problems.append(f"stop_grace_s must be > 0 (got {self.stop_grace_s})")
+            problems.append(f"stop_grace must be > 0 (got {self.stop_grace_s})")
         try:
             self.backend_timeout_s = parse_duration(self.backend_timeout, "backend_timeout")
         except ValueError as exc:
@@ -209,19 +209,18 @@ def load_policy_text(text: str, source: str = "<text>") -> Policy:
                 built[key] = build(sections[key], value, key)
             except ConfigError as exc:
                 problems.extend(exc.problems)
-        elif key in ("actions", "stop_grace_s", "backend_timeout"):
+        elif key in ("actions", "backend_timeout"):
             built[key] = value
+        elif key == "stop_grace":
+            try:
+                built["stop_grace_s"] = parse_duration(value, "stop_grace")
+            except ValueError as exc:
+                problems.append(str(exc))
         else:
-            known = list(sections) + ["actions", "stop_grace_s", "backend_timeout"]
+            known = list(sections) + ["actions", "stop_grace", "backend_timeout"]
             problems.append(f"{key}: unknown setting ({did_you_mean(key, known)}known: {', '.join(known)})")
     if "actions" in built and built["actions"] is None:
         built["actions"] = {}
-    if "stop_grace_s" in built:
-        try:
-            built["stop_grace_s"] = float(built["stop_grace_s"])
-        except (TypeError, ValueError):
-            problems.append(f"stop_grace_s: expected a number of seconds, e.g. 10 (got {built['stop_grace_s']!r})")
-            del built["stop_grace_s"]
     policy = Policy(**built)
     try:
         policy.validate()

@@ -31,8 +31,8 @@ def free_port() -> int:
 def rig_config(workdir: Path, grpc_port: int, verdict_port: int, hang_timeout_s: float = 5.0) -> str:
     config: dict[str, Any] = {
         "receivers": {"otlp": {"grpc": {"endpoint": f"127.0.0.1:{grpc_port}"}, "http": None}},
-        "processors": {"attribution": {"hang_timeout_s": hang_timeout_s, "heartbeat_timeout_s": 6.0},
-                       "goodput": {"report_interval_s": 1.0}},
+        "processors": {"attribution": {"hang_timeout": f"{hang_timeout_s:g}s", "heartbeat_timeout": "6s"},
+                       "goodput": {"report_interval": "1s"}},
         "exporters": {"store": {"path": str(workdir / "store")},
                       "verdict": {"endpoint": f"127.0.0.1:{verdict_port}"}},
         "service": {"telemetry": {"logs": {"level": "warning"}}, "pipelines": {
