@@ -37,6 +37,7 @@ from otel_gpu.schema import Attr, Metric, MetricType
 from otel_gpu.schema import collector as s_collector
 from otel_gpu.schema import failure as s_failure
 from otel_gpu.schema import gpu as s_gpu
+from otel_gpu.schema import health as s_health
 from otel_gpu.schema import identity as s_id
 from otel_gpu.schema import nic as s_nic
 from otel_gpu.schema import training as s_training
@@ -290,6 +291,22 @@ def gpu_dashboard() -> DashboardSpec:
         P("PCIe replays per second", [g.PCIE_REPLAY], [rate_q(g.PCIE_REPLAY, v, GPU_LEGEND)], unit="short"),
         P("PCIe throughput", [g.PCIE_THROUGHPUT],
           [gauge_q(g.PCIE_THROUGHPUT, v, f"{GPU_LEGEND} {L(g.NETWORK_IO_DIRECTION)}")], unit="Bps"),
+    ]))
+    h = s_health
+    d.groups = d.groups + (h._G,)
+    dev = f"{L(h.DEVICE_ID)}"
+    d.rows.append(("Device health (health processor)", [
+        P("Devices to drain / to watch", [h.HEALTH],
+          [Query(f"max by ({by(h.DEVICE_ID, h.DEVICE_KIND, s_id.HOST_NAME, h.DEVICE_STATE)}) "
+                 f"({sel(h.HEALTH, ('host',), (h.DEVICE_STATE, '!=', 'healthy'))} == 1)", "", (h.HEALTH,),
+                 instant=True, may_be_empty=True)],
+          kind="table", width=12,
+          extra="GPUs, NIC ports and nodes the health processor marks drain or watch now; the evidence and since "
+                "when are in `otel-gpu report` and the otel_gpu.device.state_change events."),
+        P("Device health score", [h.HEALTH_SCORE],
+          [gauge_q(h.HEALTH_SCORE, ("host",), dev)],
+          unit="short", width=12, min=0, max=100,
+          extra="0 healthy; the sum of the weights of the rules that hold (processors/health/README.md)."),
     ]))
     return d
 

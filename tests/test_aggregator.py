@@ -111,7 +111,7 @@ def test_example_configs_load_with_our_loader(monkeypatch):
 
 
 def test_compact_config_errors_name_the_key():
-    with pytest.raises(Exception, match="processors.compact.job_idle_s"):
+    with pytest.raises(Exception, match="processors.compact.job_idle must be > 0"):
         load_text("receivers: {otlp: {}}\nprocessors: {compact: {job_idle: 0s}}\nexporters: {debug: {}}\n"
                   "service: {pipelines: {logs: {receivers: [otlp], processors: [compact], exporters: [debug]}}}")
 

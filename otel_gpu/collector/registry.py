@@ -22,6 +22,7 @@ BUILTIN: dict[str, dict[str, str]] = {
         "memory_limiter": "otel_gpu.processors.memory_limiter",
         "compact": "otel_gpu.processors.compact",
         "batch": "otel_gpu.processors.batch",
+        "health": "otel_gpu.processors.health",
     },
     "exporter": {
         "otlp": "otel_gpu.exporters.otlp",

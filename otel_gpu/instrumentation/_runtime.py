@@ -260,9 +260,9 @@ class Runtime:
             _registry.append_event(folder, {"rank": self.identity.rank, **event})
 
     def resource(self):
+        if self.identity.gpu_index is None:
+            self.identity.refresh_gpu()  # CUDA often starts after the process group (model.cuda()); bumps version
         if self._res_version != self.identity.version or self._resource is None:
-            if self.identity.gpu_index is None:
-                self.identity.refresh_gpu()
             self._resource = _export.make_resource(self.identity.attributes())
             self._res_version = self.identity.version
         return self._resource
