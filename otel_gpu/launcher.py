@@ -21,7 +21,8 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
+
+from otel_gpu import jobid
 
 _logger = logging.getLogger(__name__)
 
@@ -75,8 +76,9 @@ def _signame(num: int | None) -> str | None:
 class ExitWatcher:
     """Decides, from the registry, how each registered process ended; each process is reported once."""
 
-    def __init__(self, registry: str, grace_s: float = 1.5):
+    def __init__(self, registry: str, grace_s: float = 1.5, on_job_id=None):
         self.registry = registry
+        self.on_job_id = on_job_id  # called with the job id the ranks agreed on (otel_gpu.jobid)
         self.grace_s = grace_s
         self.reported: dict[int, dict] = {}
         self._dead_since: dict[int, float] = {}
@@ -94,6 +96,9 @@ class ExitWatcher:
             procs[direct[0]] = {"pid": direct[0], "role": "command", "rank": None}
         now = time.monotonic()
         out = []
+        if self.on_job_id is not None:
+            self.on_job_id(next((i["job_id"] for i in procs.values() if i.get("job_id") and i.get("rank") is not None),
+                                None))
         for pid, info in procs.items():
             if pid in self.reported:
                 continue
@@ -183,14 +188,16 @@ def run(cmd: list[str], endpoint: str | None = None, job_id: str | None = None, 
     from otel_gpu.instrumentation.config import InstrumentationConfig
     from otel_gpu.schema import training as tr
 
-    job_id = job_id or os.environ.get("OTEL_GPU_JOB_ID") or f"job-{uuid.uuid4().hex[:12]}"
+    job = jobid.LaunchJobId(cmd, job_id)  # the scheduler's or launcher's id, else agreed by the ranks (adopted)
+    job.announce()
+    job_id = job.value
     registry = tempfile.mkdtemp(prefix="otel-gpu-run-")
-    env = launch_env(registry, endpoint, job_id)
+    env = job.apply(launch_env(registry, endpoint, job_id))
     cfg = InstrumentationConfig.from_env(env)
     identity = Identity(job_id, cfg.service_name, {**cfg.resource_attributes, str(tr.PROCESS_ROLE): "launcher"})
     identity.rank = identity.local_rank = identity.world_size = None
     client = OtlpClient(cfg.endpoint, cfg.protocol, cfg.headers, cfg.export_timeout_s)
-    watcher = ExitWatcher(registry)
+    watcher = ExitWatcher(registry, on_job_id=lambda agreed: job.adopt(agreed, identity))
     try:
         proc = subprocess.Popen(cmd, env=env)
     except OSError as exc:

@@ -20,6 +20,7 @@ import threading
 import time
 import traceback
 
+from otel_gpu import jobid
 from otel_gpu.instrumentation import _export, _flight, _hot, _pbenc, _registry
 from otel_gpu.instrumentation._hot import CKPT, COLL, DATA, NS, STEP, WAIT
 from otel_gpu.instrumentation._identity import Identity, job_id_from_env
@@ -100,10 +101,10 @@ class Runtime:
 
     def __init__(self, cfg: InstrumentationConfig):
         self.cfg = cfg
-        self.identity_generated = not (cfg.job_id or os.environ.get("OTEL_GPU_JOB_ID")
-                                       or os.environ.get("TORCHELASTIC_RUN_ID"))
+        self.identity_generated = not cfg.job_id and jobid.resolve() is None  # agreed at the rendezvous
         self.job_id = job_id_from_env(cfg.job_id)
         self.identity = Identity(self.job_id, cfg.service_name, cfg.resource_attributes)
+        self._started_mono = time.monotonic()
         self.client = _export.OtlpClient(cfg.endpoint, cfg.protocol, cfg.headers, cfg.export_timeout_s)
         self.fr = _flight.FlightRecorder()
         self.fr_enabled = False
@@ -249,6 +250,7 @@ class Runtime:
             _registry.write_proc(folder, {"pid": os.getpid(), "ppid": os.getppid(), "role": role,
                                           "rank": self.identity.rank, "local_rank": self.identity.local_rank,
                                           "world_size": self.identity.world_size, "host": self.identity.host,
+                                          "job_id": self.identity.job_id,
                                           "argv": sys.argv[:8]})
 
     def _registry_event(self, event: dict) -> None:
@@ -789,6 +791,9 @@ class Runtime:
     def heartbeat(self) -> None:
         if not self.is_training_process():
             return
+        if self.identity_generated and (self.identity.world_size or 0) > 1 and \
+                time.monotonic() - self._started_mono < 120.0:
+            return  # the job id is agreed when the process group is created: a heartbeat now would start a stray job
         attrs, body = self.progress()
         self.log(tr.PROGRESS_EVENT, attrs, body, now=True)
         try:
