@@ -157,7 +157,7 @@ class LaunchJobId:
 
     def adopt(self, agreed: str | None, identity=None) -> None:
         """Takes the id the ranks agreed on (from the registry) for the launcher's own records."""
-        if not agreed or agreed == self.value or not self.provisional:
+        if not agreed or not self.provisional:
             return
         self.value, self.source, self.provisional = agreed, RENDEZVOUS_SOURCE, False
         if identity is not None:

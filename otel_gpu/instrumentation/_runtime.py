@@ -216,6 +216,7 @@ class Runtime:
         NS["_dpg"] = None
         if not self._steps_done:
             self._step_t0 = time.time_ns()  # step 1 starts once the job is set up, not at import time
+            self._last_progress_ns = max(self._last_progress_ns, self._step_t0)  # joining the group is progress
         self.identity.refresh_from_dist()
         self._agree_job_id()
         self._register()
@@ -241,7 +242,7 @@ class Runtime:
             self.identity.version += 1
             self.identity_generated = False
         except Exception:  # noqa: BLE001
-            _logger.debug("otel-gpu: could not agree on a job id through the store", exc_info=True)
+            _logger.warning("otel-gpu: could not agree on a job id through the store", exc_info=True)
 
     def _register(self) -> None:
         folder = self.cfg.registry_dir
@@ -250,7 +251,8 @@ class Runtime:
             _registry.write_proc(folder, {"pid": os.getpid(), "ppid": os.getppid(), "role": role,
                                           "rank": self.identity.rank, "local_rank": self.identity.local_rank,
                                           "world_size": self.identity.world_size, "host": self.identity.host,
-                                          "job_id": self.identity.job_id,
+                                          # the launcher adopts this id; a provisional one is not worth adopting
+                                          "job_id": None if self.identity_generated else self.identity.job_id,
                                           "argv": sys.argv[:8]})
 
     def _registry_event(self, event: dict) -> None:
@@ -756,6 +758,11 @@ class Runtime:
                 name, created, e = newest
                 inflight = {"kind": "flight_recorder", "op": _flight.entry_op(e), "pg": name,
                             "seq": int(e["collective_seq_id"]), "since": created / 1e9}
+        if inflight is None and not self._steps_done:
+            # Starting up (imports, rendezvous, building the model and DDP) with nothing in flight: initialization,
+            # not a hang. On a busy node this took 7 s between init_process_group and the first collective and read
+            # as a job-wide hang (the multi-node bed, tests/test_multihost.py).
+            stalled_s = 0.0
         last_seq = dict(last_started)
         if inflight is not None and inflight.get("pg") and not inflight.get("p2p"):
             last_seq[inflight["pg"]] = inflight["seq"] - 1

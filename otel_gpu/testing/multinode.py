@@ -42,7 +42,7 @@ READY_LINE = "otel-gpu collector ready"
 FAULTS = ("none", "link_cut", "node_lost", "degraded_link", "agent_restart", "exception")
 
 #: Attribution settings of the bed's aggregator: short timeouts, since the bed's steps take ~0.1 s.
-AGG_ATTRIBUTION = {"hang_timeout_s": 5.0, "heartbeat_timeout_s": 5.0, "tick_interval_s": 0.25}
+AGG_ATTRIBUTION = {"hang_timeout_s": 6.0, "heartbeat_timeout_s": 5.0, "tick_interval_s": 0.25}
 
 
 def _load_example(name: str) -> dict:
@@ -346,7 +346,7 @@ def run_demo(hosts: int, ranks_per_host: int, fault: str, fault_host: int, out=s
         job = bed.launch(ranks_per_host, steps=steps, env=env)
         target = bed.hosts[fault_host]
         if fault not in ("none", "exception"):
-            _wait_steps(bed, 15, 120)
+            wait_training(bed, 3.0, 120)
             action = {"link_cut": bed.cut_link, "node_lost": bed.lose_node, "degraded_link": bed.degrade_link,
                       "agent_restart": bed.restart_agent}[fault]
             print(f"fault: {fault} on {target.name}", file=out, flush=True)
@@ -365,13 +365,17 @@ def run_demo(hosts: int, ranks_per_host: int, fault: str, fault_host: int, out=s
     return 0
 
 
-def _wait_steps(bed: Bed, steps: int, timeout_s: float) -> bool:
-    """Waits until the aggregator has step records up to ``steps`` (from the store's goodput/steps via report)."""
+def wait_training(bed: Bed, productive_s: float, timeout_s: float, ranks: int | None = None) -> bool:
+    """Waits until the aggregator has seen every rank (``ranks``) and ``productive_s`` of productive step time."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         rep = bed.report()
         for job in rep.get("jobs", []):
-            if job.get("ranks", 0) and (job.get("goodput") or {}).get("steps", 0) >= steps:
+            goodput = job.get("goodput")
+            if not isinstance(goodput, dict):
+                goodput = rep.get("goodput") if (rep.get("goodput") or {}).get("job_id") == job["job_id"] else {}
+            done = (goodput or {}).get("productive_time_s") or 0.0
+            if (ranks is None or job.get("ranks", 0) >= ranks) and done >= productive_s:
                 return True
         time.sleep(1.0)
     return False
