@@ -37,7 +37,7 @@ __all__ = ["Bed", "Job", "FAULTS", "main"]
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "docs" / "examples"
-OTLP_PORT, RDZV_PORT = 4317, 29400
+OTLP_PORT, RDZV_PORT, WITNESS_PORT = 4317, 29400, 4319
 READY_LINE = "otel-gpu collector ready"
 FAULTS = ("none", "link_cut", "node_lost", "degraded_link", "agent_restart", "exception")
 
@@ -79,10 +79,39 @@ def aggregator_config(listen: str, store: Path, attribution: dict | None = None)
     cfg["processors"]["goodput"] = {"report_interval_s": 2.0}
     cfg["exporters"]["store"] = {"path": str(store)}
     cfg["exporters"]["prometheus"] = {"endpoint": "127.0.0.1:9464"}  # the agg host's own loopback
-    del cfg["exporters"]["otlp/backend"]
-    for pipe in cfg["service"]["pipelines"].values():
-        pipe["exporters"] = [e for e in pipe["exporters"] if e != "otlp/backend"]
+    # The job's backend is the bed's witness on the agg host's loopback: it records every step span that reached
+    # the aggregator, which is how the tests prove that nothing was lost.
+    cfg["exporters"]["otlp/backend"] = {"endpoint": f"127.0.0.1:{WITNESS_PORT}", "compression": "none"}
+    for name, pipe in cfg["service"]["pipelines"].items():
+        if not name.startswith("traces"):
+            pipe["exporters"] = [e for e in pipe["exporters"] if e != "otlp/backend"]
     return cfg
+
+
+def witness(port: int, out: Path) -> None:
+    """The bed's tracing backend: appends ``{"job", "rank", "host", "step"}`` per step span received to ``out``."""
+    from otel_gpu.testing.otlp_sink import OtlpSink
+
+    seen = 0
+    with OtlpSink(port=port) as sink, open(out, "a") as fh:
+        print(READY_LINE, flush=True)
+        while True:
+            time.sleep(0.5)
+            traces = list(sink.traces)
+            for req in traces[seen:]:
+                for rs in req.resource_spans:
+                    res = {kv.key: kv.value for kv in rs.resource.attributes}
+                    who = {"job": res["training.job.id"].string_value if "training.job.id" in res else None,
+                           "rank": res["training.rank"].int_value if "training.rank" in res else None,
+                           "host": res["host.name"].string_value if "host.name" in res else None}
+                    for ss in rs.scope_spans:
+                        for span in ss.spans:
+                            if span.name == "otel_gpu.step":
+                                step = next((kv.value.int_value for kv in span.attributes
+                                             if kv.key == "training.step"), None)
+                                fh.write(json.dumps({**who, "step": step}) + "\n")
+            seen = len(traces)
+            fh.flush()
 
 
 @dataclass
@@ -168,6 +197,7 @@ class Bed:
         self.attribution = attribution
         self.sidecars: dict[str, Collector] = {}
         self.aggregator: Collector | None = None
+        self.witness: Collector | None = None
         self.jobs: list[Job] = []
 
     def __enter__(self) -> Bed:
@@ -181,6 +211,23 @@ class Bed:
         return self.cluster.hosts
 
     @property
+    def witness_file(self) -> Path:
+        return self.cluster.root / "agg" / "steps.jsonl"
+
+    def steps_seen(self, job_id: str) -> dict[int, set[int]]:
+        """Step numbers per rank of ``job_id`` that reached the aggregator (and through it the backend)."""
+        out: dict[int, set[int]] = {}
+        try:
+            lines = self.witness_file.read_text().splitlines()
+        except OSError:
+            return out
+        for line in lines:
+            rec = json.loads(line)
+            if rec["job"] == job_id and rec["rank"] is not None:
+                out.setdefault(rec["rank"], set()).add(rec["step"])
+        return out
+
+    @property
     def store(self) -> Path:
         return self.cluster.root / "agg" / "store"
 
@@ -188,11 +235,15 @@ class Bed:
         self.cluster.start()
         try:
             agg = self.cluster.agg
+            self.witness = Collector(agg, "witness", agg.spawn(
+                [sys.executable, "-m", "otel_gpu.testing.multinode", "witness", str(WITNESS_PORT),
+                 str(self.witness_file)], log=agg.workdir / "witness.log"), agg.workdir / "witness.log")
             self.aggregator = self._collector(agg, "aggregator",
                                               aggregator_config(agg.mgmt_addr, self.store, self.attribution))
             for host in self.hosts:
                 self.start_sidecar(host, wait=False)
             self.aggregator.wait_ready()
+            self.witness.wait_ready()
             for host in self.hosts:
                 self.sidecars[host.name].wait_ready()
         except BaseException:
@@ -382,6 +433,10 @@ def wait_training(bed: Bed, productive_s: float, timeout_s: float, ranks: int | 
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["witness"]:
+        witness(int(argv[1]), Path(argv[2]))
+        return 0
     ap = argparse.ArgumentParser(prog="python -m otel_gpu.testing.cluster",
                                  description="Network-namespace hosts on this machine (root): a multi-node job with "
                                              "a sidecar per host and the job's aggregator, and one fault.")
@@ -399,3 +454,7 @@ def main(argv: list[str] | None = None) -> int:
     except ClusterUnavailable as exc:
         print(f"otel-gpu cluster: {exc}", file=sys.stderr)
         return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
