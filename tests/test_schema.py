@@ -31,14 +31,16 @@ def test_failure_record_keys_match_design_contract():
     assert schema.failure.RECORD_KEYS == ("kind", "root_cause", "category", "action", "auto_remediable", "culprit",
                                           "job_id", "onset_time", "detected_time", "confidence", "evidence",
                                           "signature", "recurrence")
+    assert schema.failure.REVISION_KEYS == ("failure_id", "version")
     taxonomy = {r.value for r in schema.failure.RootCause}
     for cause in ("gpu_xid", "gpu_fell_off_bus", "gpu_ecc_uncorrectable", "gpu_thermal_throttle", "gpu_power_throttle",
                   "gpu_hw_slowdown", "nvlink_error", "pcie_error", "nic_link_down", "nic_errors",
                   "rank_not_in_collective", "collective_mismatch", "rank_process_died", "cuda_oom", "python_exception",
-                  "straggler_compute", "dataloader_stall", "checkpoint_stall", "unknown"):
+                  "straggler_compute", "dataloader_stall", "checkpoint_stall", "rank_exited_early", "node_lost",
+                  "unknown"):
         assert cause in taxonomy
     span_attrs = {a.name for a in schema.failure.FAILURE_SPAN.attributes}
-    for key in schema.failure.RECORD_KEYS:
+    for key in schema.failure.RECORD_KEYS + schema.failure.REVISION_KEYS:
         prefix = f"failure.{key}"
         assert any(a == prefix or a.startswith(prefix + ".") for a in span_attrs), key
 

@@ -51,12 +51,18 @@ class RootCause(str, enum.Enum):
     STRAGGLER_COMPUTE = "straggler_compute"
     DATALOADER_STALL = "dataloader_stall"
     CHECKPOINT_STALL = "checkpoint_stall"
+    RANK_EXITED_EARLY = "rank_exited_early"  # ended cleanly (code 0) while its peers still wait or fail
+    NODE_LOST = "node_lost"  # every process and the node agent of a host vanished together, no exit records
     UNKNOWN = "unknown"
 
 
 # Record keys. In the JSON of `otel-gpu report` they appear bare; on spans they are prefixed "failure.".
 RECORD_KEYS = ("kind", "root_cause", "category", "action", "auto_remediable", "culprit", "job_id", "onset_time",
                "detected_time", "confidence", "evidence", "signature", "recurrence")
+# Keys of a versioned record (DESIGN section 3): every record the attribution processor emits carries them; records
+# stored before revisions existed lack them. ``withdrawn`` (bool) and ``previous_root_cause`` (on a revision that
+# changed the cause) sit beside them.
+REVISION_KEYS = ("failure_id", "version")
 
 KIND = attr("failure.kind", "string", "crash, hang or slowdown.", group=_G, values=Kind)
 ROOT_CAUSE = attr("failure.root_cause", "string", "Root cause from the taxonomy.", group=_G, values=RootCause)
@@ -78,12 +84,19 @@ SIGNATURE = attr("failure.signature", "string", "Stable fingerprint of the cause
                  group=_G)
 RECURRENCE = attr("failure.recurrence", "int", "How often this signature was seen before, across jobs.", group=_G)
 XID = attr("failure.xid", "int", "XID code, for root_cause gpu_xid.", group=_G)
+FAILURE_ID = attr("failure.failure_id", "string", "Stable id of the failure; its revisions keep it.", group=_G)
+VERSION = attr("failure.version", "int", "Revision of the record: 1 first, +1 per revision (late evidence, a "
+               "withdrawn hang).", group=_G)
+WITHDRAWN = attr("failure.withdrawn", "bool", "True on a revision that withdraws the failure (the ranks progressed "
+                 "again).", group=_G)
+PREVIOUS_ROOT_CAUSE = attr("failure.previous_root_cause", "string", "On a revision that changed the root cause: the "
+                           "one it replaces.", group=_G, values=RootCause)
 
 FAILURE_SPAN = span("otel_gpu.failure", "One per failure record; carries every failure.* attribute. Spans the "
                     "failure from onset to detection.", group=_G,
                     attributes=(KIND, ROOT_CAUSE, CATEGORY, ACTION, AUTO_REMEDIABLE, CULPRIT_RANK, CULPRIT_HOST,
                                 CULPRIT_GPU, JOB_ID, ONSET_TIME, DETECTED_TIME, CONFIDENCE, EVIDENCE, SIGNATURE,
-                                RECURRENCE, XID))
+                                RECURRENCE, XID, FAILURE_ID, VERSION, WITHDRAWN, PREVIOUS_ROOT_CAUSE))
 FAILURE_EVENT = event("otel_gpu.failure", "The whole failure record, for the embedded store and log backends.",
                       group=_G, body="the failure record as JSON (keys of DESIGN section 3)")
 

@@ -20,6 +20,8 @@ class Identity:
     world_size: int | None = None
     gpu: str | None = None  # CUDA device index (as text) when known
     restart_count: int = 0
+    gpu_uuid: str | None = None  # the CUDA device's UUID ("GPU-..."), the surest join to NVML
+    net_ifaces: frozenset[str] | None = None  # network interfaces / HCAs the rank communicates over, when known
 
 
 @dataclass
@@ -30,6 +32,7 @@ class Inflight:
     seq: int | None
     since: float
     bytes: int | None = None
+    p2p: bool = False  # a send/recv: its peer is not known from the group, so it adds no wait-for edge
 
 
 @dataclass
@@ -61,6 +64,7 @@ class ExceptionSeen:
     message: str
     hint: str | None
     stack: str = ""
+    thread: str | None = None  # the thread it was raised in; None or "MainThread" for the main thread
 
 
 @dataclass
@@ -116,6 +120,7 @@ class XidSeen:
     time: float
     pci_bus_id: str | None = None
     message: str = ""
+    pid: int | None = None  # the process the XID hit, when the driver names it
 
 
 @dataclass

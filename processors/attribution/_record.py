@@ -30,6 +30,8 @@ TAXONOMY: dict[RootCause, tuple[Category, Action, bool]] = {
     RootCause.STRAGGLER_COMPUTE: (Category.SOFTWARE, Action.INVESTIGATE, False),
     RootCause.DATALOADER_STALL: (Category.SOFTWARE, Action.INVESTIGATE, False),
     RootCause.CHECKPOINT_STALL: (Category.SOFTWARE, Action.INVESTIGATE, False),
+    RootCause.RANK_EXITED_EARLY: (Category.USER, Action.USER_FIX, False),
+    RootCause.NODE_LOST: (Category.INFRASTRUCTURE, Action.EXCLUDE_NODE_AND_RESTART, True),
     RootCause.UNKNOWN: (Category.SOFTWARE, Action.INVESTIGATE, False),
 }
 
@@ -64,6 +66,12 @@ class FailureRecord:
     details: dict[str, Any] = field(default_factory=dict)  # e.g. xid code, op, seq, stack top
     signature: str = ""
     recurrence: int = 0
+    #: Stable id of this failure; a revision (late hardware evidence, a hang that resumed) keeps it and bumps
+    #: ``version``. ``withdrawn``: the revision says it was no failure after all (the ranks progressed again).
+    failure_id: str = ""
+    version: int = 1
+    withdrawn: bool = False
+    previous_root_cause: str | None = None  # on a revision that changed the root cause: the one it replaces
 
     def __post_init__(self) -> None:
         category, action, auto = TAXONOMY[self.root_cause]
@@ -89,6 +97,8 @@ class FailureRecord:
         out["onset_time"] = round(self.onset_time, 3)
         out["detected_time"] = round(self.detected_time, 3)
         out["confidence"] = round(self.confidence, 2)
+        if self.previous_root_cause is None:
+            del out["previous_root_cause"]
         return out
 
     def to_json(self) -> str:

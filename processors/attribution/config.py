@@ -22,17 +22,29 @@ class AttributionConfig:
     slowdown_min_excess_s: float = 0.05
     slowdown_warmup_steps: int = 5
     checkpoint_stall_s: float = 10.0
+    #: A rank saving a checkpoint (a checkpoint span, torch.save or torch.distributed.checkpoint on its stack) while
+    #: its peers wait for it is busy, not hung, until this long; then it is a checkpoint_stall hang.
+    checkpoint_timeout_s: float = 600.0
+    #: How long a hang verdict waits for the culprit's stack (where it is decides user vs software) before it goes
+    #: out without one.
+    stack_grace_s: float = 3.0
+    #: Peers waiting in their first collectives for a rank that has not started any yet (still importing, loading its
+    #: data set, building its model) make a hang only after this long.
+    startup_timeout_s: float = 120.0
     tick_interval_s: float = 0.5
     #: host.name for hardware metrics that carry none (a single-node collector).
     default_host: str = ""
 
     def validate(self) -> None:
-        for key in ("hang_timeout_s", "heartbeat_timeout_s", "tick_interval_s", "checkpoint_stall_s"):
+        for key in ("hang_timeout_s", "heartbeat_timeout_s", "tick_interval_s", "checkpoint_stall_s",
+                    "checkpoint_timeout_s", "startup_timeout_s"):
             if getattr(self, key) <= 0:
                 raise ValueError(f"{key} must be > 0 (got {getattr(self, key)})")
         if self.crash_settle_s < 0 or self.crash_settle_s > 2.5:
             raise ValueError(f"crash_settle_s must be within 0..2.5 so a crash is named within 3 s "
                              f"(got {self.crash_settle_s})")
+        if self.stack_grace_s < 0:
+            raise ValueError(f"stack_grace_s must be >= 0 (got {self.stack_grace_s})")
         if self.slowdown_ratio <= 1.0:
             raise ValueError(f"slowdown_ratio must be > 1 (got {self.slowdown_ratio})")
         if self.slowdown_warmup_steps < 0:

@@ -78,9 +78,32 @@ def _identity(res: dict[str, Any]) -> Identity | None:
     if job is None or rank is None:
         return None
     gpu = res.get(str(I.GPU_INDEX))
+    uuid = res.get(str(I.GPU_UUID))
     return Identity(job_id=str(job), rank=rank, host=res.get(str(I.HOST_NAME)), pid=_int(res.get(str(I.PROCESS_PID))),
                     local_rank=_int(res.get(str(I.LOCAL_RANK))), world_size=_int(res.get(str(I.WORLD_SIZE))),
-                    gpu=None if gpu is None else str(gpu), restart_count=_int(res.get(str(I.RESTART_COUNT))) or 0)
+                    gpu=None if gpu is None else str(gpu), restart_count=_int(res.get(str(I.RESTART_COUNT))) or 0,
+                    gpu_uuid=str(uuid) if uuid else None, net_ifaces=_ifaces(res.get(NET_INTERFACES)))
+
+
+#: Resource attribute: the network interfaces / HCAs a rank communicates over (GLOO_SOCKET_IFNAME,
+#: NCCL_SOCKET_IFNAME, NCCL_IB_HCA; comma-separated text or a string array). Only those ports can be network evidence
+#: for the job; without it, the ports that were up when the job started.
+NET_INTERFACES = "training.net.interfaces"
+
+
+def _ifaces(value: Any) -> frozenset[str] | None:
+    """Interface names from an attribute: "eth0,ib0", ["mlx5_0:1", "mlx5_1"], NCCL's "=mlx5_0" (exact) prefix; a
+    port suffix ":1" is dropped (ports are matched by device); "^..." (exclusions) tells nothing usable."""
+    if not value:
+        return None
+    items = value if isinstance(value, list) else str(value).split(",")
+    out = set()
+    for item in items:
+        name = str(item).strip().lstrip("=")
+        if not name or name.startswith("^"):
+            continue
+        out.add(name.split(":", 1)[0])
+    return frozenset(out) or None
 
 
 class _ResourceView:
@@ -127,7 +150,9 @@ class AttributionProcessor(Processor):
             hang_timeout_s=config.hang_timeout_s, hang_step_factor=config.hang_step_factor,
             heartbeat_timeout_s=config.heartbeat_timeout_s, crash_settle_s=config.crash_settle_s,
             slowdown_ratio=config.slowdown_ratio, slowdown_min_excess_s=config.slowdown_min_excess_s,
-            slowdown_warmup_steps=config.slowdown_warmup_steps, checkpoint_stall_s=config.checkpoint_stall_s))
+            slowdown_warmup_steps=config.slowdown_warmup_steps, checkpoint_stall_s=config.checkpoint_stall_s,
+            checkpoint_timeout_s=config.checkpoint_timeout_s, stack_grace_s=config.stack_grace_s,
+            startup_timeout_s=config.startup_timeout_s))
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -234,7 +259,8 @@ class AttributionProcessor(Processor):
                                 op=inflight.get("op"),
                                 pg=None if inflight.get("pg") is None else str(inflight.get("pg")),
                                 seq=_int(inflight.get("seq")), since=float(inflight["since"]),
-                                bytes=_int(inflight.get("bytes")))
+                                bytes=_int(inflight.get("bytes")),
+                                p2p=bool(inflight.get("p2p")) or inflight.get("kind") == "p2p")
             self.engine.observe_heartbeat(Heartbeat(
                 who, t, _int(body.get("step")), body.get("state"), infl,
                 {str(k): int(v) for k, v in (body.get("last_seq") or {}).items()},
@@ -249,7 +275,8 @@ class AttributionProcessor(Processor):
         elif name == T.EXCEPTION_EVENT.name:
             self.engine.observe_exception(ExceptionSeen(
                 who, t, str(attrs.get(str(T.EXC_TYPE), "?")), str(attrs.get(str(T.EXC_MESSAGE), "")),
-                attrs.get(str(T.EXC_HINT)), str(attrs.get(str(T.EXC_STACK), ""))), now)
+                attrs.get(str(T.EXC_HINT)), str(attrs.get(str(T.EXC_STACK), "")),
+                thread=None if attrs.get(str(T.THREAD_NAME)) is None else str(attrs.get(str(T.THREAD_NAME)))), now)
         elif name == T.EXIT_EVENT.name:
             signal_name = attrs.get(str(T.EXIT_SIGNAL))
             self.engine.observe_exit(ExitSeen(who, t, _int(attrs.get(str(T.EXIT_CODE))), signal_name or None), now)
@@ -263,7 +290,7 @@ class AttributionProcessor(Processor):
         gpu = attrs.get(str(I.GPU_INDEX))
         self.engine.observe_xid(XidSeen(host, None if gpu is None else str(gpu), code,
                                         _seconds(record.time_unix_nano) or self._clock(),
-                                        attrs.get(str(I.GPU_PCI_BUS_ID))))
+                                        attrs.get(str(I.GPU_PCI_BUS_ID)), pid=_int(attrs.get(str(I.PROCESS_PID)))))
 
     def _host(self, res: dict[str, Any]) -> str:
         return str(res.get(str(I.HOST_NAME)) or self.config.default_host or os.uname().nodename)
@@ -387,7 +414,7 @@ class AttributionProcessor(Processor):
     # -- output --------------------------------------------------------------------------------------------------------
     def _publish(self, record: FailureRecord) -> None:
         history = self.host.services.get("failure_history")
-        if history is not None:
+        if history is not None and (record.version == 1 or record.previous_root_cause is not None):
             try:
                 record.recurrence = int(history.recurrence(record.signature))
             except Exception:  # noqa: BLE001 - the store may be busy or gone; recurrence stays 0
@@ -395,11 +422,17 @@ class AttributionProcessor(Processor):
         with self._lock:
             self._records.append(record)
             del self._records[:-1000]
-            if record.kind is not F.Kind.CRASH:
+            if record.withdrawn:
+                current = self._tagging.get(record.job_id)
+                if current is not None and current.failure_id == record.failure_id:
+                    del self._tagging[record.job_id]
+            elif record.kind is not F.Kind.CRASH:
                 self._tagging[record.job_id] = record
             if len(self._tagging) > 1000:
                 self._tagging.pop(next(iter(self._tagging)))
-        _logger.warning("failure: %s %s (%s) job=%s culprit=%s: %s", record.kind.value.upper(),
+        _logger.warning("failure%s: %s %s (%s) job=%s culprit=%s: %s",
+                        "" if record.version == 1 else f" revision {record.version}"
+                        + (" (withdrawn)" if record.withdrawn else ""), record.kind.value.upper(),
                         record.root_cause.value, record.category.value, record.job_id,
                         record.culprit.rank, record.summary)
         if self.host.has_consumer(Signal.TRACES):
@@ -414,7 +447,12 @@ class AttributionProcessor(Processor):
     def _failure_metrics(self) -> ExportMetricsServiceRequest:
         counts: dict[tuple[str, str, str, str], int] = {}
         with self._lock:
+            latest: dict[str, FailureRecord] = {}  # a failure counts once, as its latest revision says
             for r in self._records:
+                latest[r.failure_id or str(id(r))] = r
+            for r in latest.values():
+                if r.withdrawn:
+                    continue
                 key = (r.job_id, r.kind.value, r.root_cause.value, r.category.value)
                 counts[key] = counts.get(key, 0) + 1
         req = ExportMetricsServiceRequest()
@@ -481,7 +519,12 @@ def _failure_kvs(record: FailureRecord) -> list[KeyValue]:
         (str(F.AUTO_REMEDIABLE), bool(record.auto_remediable)), (str(F.JOB_ID), record.job_id),
         (str(F.ONSET_TIME), float(record.onset_time)), (str(F.DETECTED_TIME), float(record.detected_time)),
         (str(F.CONFIDENCE), float(record.confidence)), (str(F.EVIDENCE), list(record.evidence)),
-        (str(F.SIGNATURE), record.signature), (str(F.RECURRENCE), int(record.recurrence))]
+        (str(F.SIGNATURE), record.signature), (str(F.RECURRENCE), int(record.recurrence)),
+        (str(F.FAILURE_ID), record.failure_id), (str(F.VERSION), int(record.version))]
+    if record.withdrawn:
+        pairs.append((str(F.WITHDRAWN), True))
+    if record.previous_root_cause is not None:
+        pairs.append((str(F.PREVIOUS_ROOT_CAUSE), record.previous_root_cause))
     if record.culprit.rank is not None:
         pairs.append((str(F.CULPRIT_RANK), int(record.culprit.rank)))
     if record.culprit.host is not None:

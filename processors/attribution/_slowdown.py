@@ -1,0 +1,163 @@
+"""Slowdown detector: steps slower than the job's own baseline, and which rank's own work grew.
+
+A step is closed once every rank reported it (or a later one). After ``slowdown_warmup_steps``, the first healthy
+steps form the baseline (median and MAD of the job step time, each rank's compute and data time). A step is slow when
+it exceeds max(ratio x baseline, baseline + min_excess, baseline + 6 MAD); ``slowdown_confirm`` slow steps among the
+last ``slowdown_confirm + 1`` make a slowdown (named within about ten steps). The rank whose compute or data time grew
+by more than half the excess and more than twice any other rank's growth is the culprit (``straggler_compute`` or
+``dataloader_stall``); a hardware fault on its GPU or node that began in its window (a hardware thermal/power-brake/
+slowdown clock event, NVLink or PCIe errors rising above background, NIC errors) explains it. A slowdown ends when the
+last ``slowdown_confirm`` steps are fast again; a later one is a new record.
+
+A blocking checkpoint save longer than ``checkpoint_stall_s`` and three times the rank's usual is a
+``checkpoint_stall`` slowdown (one record per save).
+"""
+from __future__ import annotations
+
+import statistics
+from typing import TYPE_CHECKING
+
+from otel_gpu.processors.attribution._observations import SpanSeen, StepSeen
+from otel_gpu.processors.attribution._state import JobState, RankState
+from otel_gpu.processors.attribution._types import Evidence, Finding
+from otel_gpu.schema.failure import Kind, RootCause
+
+if TYPE_CHECKING:
+    from otel_gpu.processors.attribution._engine import Engine
+
+__all__ = ["close_steps", "checkpoint_span"]
+
+
+def compute_s(st: StepSeen) -> float | None:
+    if st.collective_s is None:
+        return None
+    return max(0.0, st.duration - st.collective_s - (st.data_s or 0.0) - (st.checkpoint_s or 0.0))
+
+
+def checkpoint_span(engine: Engine, job: JobState, rank: RankState, span: SpanSeen) -> Finding | None:
+    duration = span.end - span.start
+    usual = statistics.median(rank.checkpoints) if rank.checkpoints else None
+    rank.checkpoints.append(duration)
+    if duration <= engine.settings.checkpoint_stall_s or (usual is not None and duration <= 3 * usual):
+        return None
+    ev = [Evidence("otel_gpu.checkpoint.save.duration_s", round(duration, 2), span.start)]
+    if usual:
+        ev.append(Evidence("usual_checkpoint_s", round(usual, 2)))
+    return Finding(Kind.SLOWDOWN, RootCause.CHECKPOINT_STALL, span.start, 0.8, rank.rank, rank.who.host, None, ev,
+                   f"a blocking checkpoint save on rank {rank.rank} took {duration:.1f} s",
+                   {"reason": "checkpoint_save"})
+
+
+def close_steps(engine: Engine, job: JobState, now: float) -> list[Finding]:
+    """A step is closed once every rank reported it (or a later step arrived from every reporting rank)."""
+    out: list[Finding] = []
+    expected = job.world_size or len(job.ranks)
+    for step in sorted(job.step_times):
+        per_rank = job.step_times[step]
+        newer = all(r.steps and r.steps[-1].step > step for r in job.ranks.values() if r.exit is None)
+        if len(per_rank) < expected and not newer:
+            break
+        del job.step_times[step]
+        job.last_step_closed = step
+        finding = _evaluate_step(engine, job, step, per_rank, now)
+        if finding is not None:
+            out.append(finding)
+    return out
+
+
+def _evaluate_step(engine: Engine, job: JobState, step: int, per_rank: dict[int, StepSeen],
+                   now: float) -> Finding | None:
+    s = engine.settings
+    duration = max(x.duration for x in per_rank.values())
+    job.step_done.append((step, duration))
+    if len(job.step_done) <= s.slowdown_warmup_steps:
+        return None
+    if len(job.baseline) < 5:
+        job.baseline.append(duration)
+        _learn_rank_baselines(job, per_rank)
+        return None
+    base = statistics.median(job.baseline)
+    mad = statistics.median(abs(d - base) for d in job.baseline)
+    limit = max(base * s.slowdown_ratio, base + s.slowdown_min_excess_s, base + 6 * 1.4826 * mad)
+    slow = duration > limit
+    job.slow_flags.append(slow)
+    if not slow:
+        job.baseline.append(duration)
+        _learn_rank_baselines(job, per_rank)
+        if job.slowdown_active is not None and not any(list(job.slow_flags)[-s.slowdown_confirm:]):
+            job.slowdown_active = None  # recovered: a later slowdown is a new record
+            job.slow_steps.clear()
+        if not job.slowdown_active:
+            job.slow_steps.clear()
+        return None
+    job.slow_steps.append((step, per_rank))
+    # Bounded: only the last slowdown_confirm + 2 are read (_attribute), and each holds one StepSeen per rank, so a
+    # long slowdown of a 16k-rank job would otherwise grow without limit.
+    del job.slow_steps[:-(s.slowdown_confirm + 2)]
+    recent = list(job.slow_flags)[-(s.slowdown_confirm + 1):]
+    if job.slowdown_active is None and sum(recent) >= s.slowdown_confirm and job.terminal is None:
+        finding = _attribute(engine, job, base)
+        job.slowdown_active = finding.cause
+        return finding
+    return None
+
+
+def _learn_rank_baselines(job: JobState, per_rank: dict[int, StepSeen]) -> None:
+    for rank_no, st in per_rank.items():
+        rank = job.ranks.get(rank_no)
+        if rank is None:
+            continue
+        compute = compute_s(st)
+        if compute is not None:
+            rank.compute_baseline.append(compute)
+        if st.data_s is not None:
+            rank.data_baseline.append(st.data_s)
+
+
+def _attribute(engine: Engine, job: JobState, base: float) -> Finding:
+    episode = job.slow_steps[-(engine.settings.slowdown_confirm + 2):]
+    onset_step, first = episode[0]
+    onset = min(x.start for x in first.values())
+    slow_duration = statistics.median(max(x.duration for x in pr.values()) for _, pr in episode)
+    ev = [Evidence("otel_gpu.step.duration", f"{slow_duration:.3f}s vs baseline {base:.3f}s", onset),
+          Evidence("first_slow_step", onset_step)]
+    # Which rank's own work grew: compute (straggler) or data loading; collective time grows on the others.
+    growth: dict[int, tuple[float, float]] = {}
+    for rank_no, rank in job.ranks.items():
+        computes = [compute_s(pr[rank_no]) for _, pr in episode if rank_no in pr]
+        datas = [pr[rank_no].data_s for _, pr in episode if rank_no in pr and pr[rank_no].data_s is not None]
+        c_base = statistics.median(rank.compute_baseline) if rank.compute_baseline else None
+        d_base = statistics.median(rank.data_baseline) if rank.data_baseline else None
+        dc = statistics.median(computes) - c_base if computes and None not in computes and c_base is not None \
+            else 0.0
+        dd = statistics.median(datas) - d_base if datas and d_base is not None else 0.0
+        growth[rank_no] = (dc, dd)
+    culprit_rank, kind_of = None, None
+    if growth:
+        excess = slow_duration - base
+        rank_no, (dc, dd) = max(growth.items(), key=lambda kv: max(kv[1]))
+        others = sorted(max(g) for r, g in growth.items() if r != rank_no)
+        runner_up = others[-1] if others else 0.0
+        if max(dc, dd) > 0.5 * excess and max(dc, dd) > 2 * max(runner_up, 0.0) + 0.01:
+            culprit_rank, kind_of = rank_no, ("data" if dd > dc else "compute")
+            ev.append(Evidence(f"rank{rank_no}.{kind_of}_s_increase", f"{max(dc, dd):.3f}"))
+        elif all(dd > 0.5 * excess for _, (dc_, dd) in growth.items()):
+            kind_of = "data_all"
+    suspects = [culprit_rank] if culprit_rank is not None else sorted(job.ranks)
+    head = f"steps take {slow_duration:.2f} s instead of {base:.2f} s"
+    rank = job.ranks[culprit_rank] if culprit_rank is not None else None
+    if kind_of in ("data", "data_all"):
+        finding = Finding(Kind.SLOWDOWN, RootCause.DATALOADER_STALL, onset, 0.8, culprit_rank,
+                          rank.who.host if rank else None, None, ev,
+                          f"{head}: " + (f"rank {rank.rank} waits for data" if rank else "every rank waits for data"),
+                          {"reason": "data"}, explainable_by=suspects)
+    elif kind_of == "compute":
+        finding = Finding(Kind.SLOWDOWN, RootCause.STRAGGLER_COMPUTE, onset, 0.8, rank.rank, rank.who.host, None, ev,
+                          f"{head}: rank {rank.rank} computes slower than its peers, with no hardware signal",
+                          {"reason": "compute"}, explainable_by=suspects)
+    else:
+        finding = Finding(Kind.SLOWDOWN, RootCause.UNKNOWN, onset, 0.4, None, None, None, ev,
+                          f"{head}; no rank, device or link stands out", {"reason": "unexplained"},
+                          explainable_by=suspects)
+    engine.explain(finding, job, throttle=True)
+    return finding
