@@ -342,6 +342,12 @@ class Engine:
                     job.incident_extended = True  # wait once more for the exit of the rank that died
                     job.incident_deadline = now + self.settings.crash_settle_s
                     continue
+                if finding.cause is RootCause.UNKNOWN and now < job.incident_open + self.settings.heartbeat_timeout_s \
+                        + self.settings.crash_settle_s and _crash.quiet_hosts(job, now):
+                    # A node whose ranks said nothing since the survivors failed: wait until its silence is certain
+                    # (the heartbeat timeout), so that a lost node is named (node_lost) rather than "unknown".
+                    job.incident_deadline = now + self.settings.crash_settle_s
+                    continue
             else:
                 finding = _hang.decide_hang(self, job, now) or _hang.decide_silent(self, job, now)
             if finding is not None:

@@ -8,7 +8,8 @@ scenario:
   collective_mismatch, straggler, dataloader_stall, slow_checkpoint, cuda_error (the symptom of an XID/ECC fault),
   comm_hang (the symptom of a dead link), comm_slow (the symptom of a degrading link)
 - ``OTEL_GPU_FAULT_RANK`` (default 1) and ``OTEL_GPU_FAULT_STEP`` (default 25; a checkpoint is saved every 10 steps)
-- ``OTEL_GPU_STEPS`` (default 60), ``OTEL_GPU_STEP_SLEEP_S`` (default 0.05: steady, cheap "compute")
+- ``OTEL_GPU_STEPS`` (default 60), ``OTEL_GPU_STEP_SLEEP_S`` (default 0.05: steady, cheap "compute"),
+  ``OTEL_GPU_HIDDEN`` (default 256: the model's width, so the gradient bytes each step sends)
 - ``OTEL_GPU_SCENARIO_DIR``: when set, the faulty rank writes ``trigger`` there when the fault begins and, if
   ``OTEL_GPU_FAULT_WAIT_ACK=1``, waits for ``ack`` (the hardware part of the fault has been injected) before showing
   the software symptom, as a real device fault precedes the process's failure.
@@ -33,6 +34,7 @@ FAULT_RANK = int(os.environ.get("OTEL_GPU_FAULT_RANK", "1"))
 FAULT_STEP = int(os.environ.get("OTEL_GPU_FAULT_STEP", "25"))
 STEPS = int(os.environ.get("OTEL_GPU_STEPS", "60"))
 STEP_SLEEP_S = float(os.environ.get("OTEL_GPU_STEP_SLEEP_S", "0.05"))
+HIDDEN = int(os.environ.get("OTEL_GPU_HIDDEN", "256"))  # model width: gradient bytes per step (network load)
 SCENARIO_DIR = os.environ.get("OTEL_GPU_SCENARIO_DIR")
 
 
@@ -131,7 +133,7 @@ def main() -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
-    model = DDP(torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8)))
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(64, HIDDEN), torch.nn.ReLU(), torch.nn.Linear(HIDDEN, 8)))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     loader = DataLoader(Batches(rank), batch_size=None, num_workers=0)
     ckpt_dir = Path(SCENARIO_DIR or os.environ.get("TMPDIR", "/tmp"))
