@@ -416,12 +416,17 @@ def run_demo(hosts: int, ranks_per_host: int, fault: str, fault_host: int, out=s
     return 0
 
 
-def wait_training(bed: Bed, productive_s: float, timeout_s: float, ranks: int | None = None) -> bool:
-    """Waits until the aggregator has seen every rank (``ranks``) and ``productive_s`` of productive step time."""
+def wait_training(bed: Bed, productive_s: float, timeout_s: float, ranks: int | None = None,
+                  job_id: str | None = None) -> bool:
+    """Waits until the aggregator has seen every rank (``ranks``) of ``job_id`` (None: any job that has none of
+    its failures yet) and ``productive_s`` of productive step time."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         rep = bed.report()
+        failed = {f["job_id"] for f in rep.get("failures", [])}
         for job in rep.get("jobs", []):
+            if (job_id is not None and job["job_id"] != job_id) or (job_id is None and job["job_id"] in failed):
+                continue
             goodput = job.get("goodput")
             if not isinstance(goodput, dict):
                 goodput = rep.get("goodput") if (rep.get("goodput") or {}).get("job_id") == job["job_id"] else {}
