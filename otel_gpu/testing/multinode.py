@@ -317,11 +317,18 @@ class Bed:
     def degrade_link(self, host: Host, rate: str = "20mbit") -> float:
         return host.degrade(DATA_IF, rate=rate)
 
-    def restart_agent(self, host: Host, down_s: float = 2.0) -> float:
+    def restart_agent(self, host: Host, down_s: float = 2.0, sig: int = signal.SIGTERM) -> float:
+        """Stops the host's sidecar with ``sig`` (SIGTERM: a restart, as a DaemonSet rollout does; SIGKILL: a crash,
+        which loses what the sidecar had accepted but not yet forwarded: up to ``compact.batch_interval_s``), keeps
+        it down ``down_s``, starts it again."""
         side = self.sidecars[host.name]
         t = time.time()
-        side.proc.kill()
-        side.proc.wait(10)
+        side.proc.send_signal(sig)
+        try:
+            side.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            side.proc.kill()
+            side.proc.wait(10)
         time.sleep(down_s)
         self.start_sidecar(host)
         return t
