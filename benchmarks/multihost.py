@@ -81,7 +81,7 @@ def run_fault(bed: Bed, fault: str, idx: int, rng: random.Random, ranks_per_host
     else:
         target = hosts[rng.randrange(1, len(hosts))]
     if fault == "degraded_link":
-        env["OTEL_GPU_HIDDEN"] = "1024"
+        env["OTEL_GPU_HIDDEN"] = "4096"  # ~1.2 MB of gradients a step: 20 Mbit/s is then the bottleneck
     steps = 160 if fault in ("exception", "agent_restart", "agent_crash") else 3000
     job = bed.launch(ranks_per_host, steps=steps, rdzv_id=job_id, env=env)
     out: dict = {"fault": fault, "job_id": job_id}
