@@ -86,10 +86,10 @@ def _node_templates(tmp: Path):
     sysfs = FakeSysfs(tmp / "sys", {"infiniband": {f"mlx5_{i}": {"ports": {1: {}}} for i in range(8)},
                                      "net": {"eth0": {}}})
     del sysfs
-    compact = CompactProcessor(build(CompactConfig, {"job_id": JOB, "batch_interval_s": 0}, "processors.compact"),
+    compact = CompactProcessor(build(CompactConfig, {"job_id": JOB, "batch_interval": "0s"}, "processors.compact"),
                                ComponentHost("compact", telemetry))
     out = []
-    for factory, settings in ((NVML, {"backend": "fake", "scenario": str(scenario), "nvlink_interval_s": 1.0,
+    for factory, settings in ((NVML, {"backend": "fake", "scenario": str(scenario), "nvlink_interval": "1s",
                                       "host_name": "node-00000"}),
                               (NIC, {"sysfs_root": str(tmp / "sys"), "host_name": "node-00000"})):
         receiver = factory.create(build(factory.config_class, settings, factory.type), ComponentHost(
@@ -241,7 +241,7 @@ def run_one(n_ranks: int, seconds: int, hang_at: float | None, node_refresh_s: i
     tmp = Path(tempfile.mkdtemp(prefix="otel-gpu-aggscale-"))
     pipe = {"receivers": ["otlp"], "processors": ["attribution", "goodput"], "exporters": ["store"]}
     config = {"receivers": {"otlp": {"grpc": {"endpoint": "127.0.0.1:0"}, "http": None}},
-              "processors": {"attribution": {"tick_interval_s": 3600}, "goodput": {"report_interval_s": 3600}},
+              "processors": {"attribution": {"tick_interval": "1h"}, "goodput": {"report_interval": "1h"}},
               "exporters": {"store": {"path": str(tmp / "store")}},
               "service": {"pipelines": {"traces": pipe, "metrics": pipe, "logs": pipe}}}
     collector = Collector(load_text(yaml.safe_dump(config)))

@@ -67,8 +67,8 @@ exporters:
   otlp:
     endpoint: "127.0.0.1:{sink_port}"
     compression: none
-    timeout_s: 2
-    retry_on_failure: {{initial_interval_s: 0.2, max_interval_s: 1.0, max_elapsed_time_s: 0}}
+    timeout: 2s
+    retry_on_failure: {{initial_interval: 200ms, max_interval: 1s, max_elapsed_time: 0s}}
     sending_queue:
       num_consumers: 4
       queue_size: {queue_size}

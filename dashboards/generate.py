@@ -9,9 +9,9 @@ Example:
     python dashboards/generate.py           # writes dashboards/grafana/*.json
     python dashboards/generate.py --check   # exits 1 when the committed JSON differs from the schema's
 
-    >>> import importlib.util, pathlib
+    >>> import importlib.util, pathlib, sys
     >>> spec = importlib.util.spec_from_file_location("gen", pathlib.Path("dashboards/generate.py"))
-    >>> gen = importlib.util.module_from_spec(spec); spec.loader.exec_module(gen)
+    >>> gen = sys.modules["gen"] = importlib.util.module_from_spec(spec); spec.loader.exec_module(gen)
     >>> sorted(gen.build_all())[:2]
     ['otel-gpu-collector.json', 'otel-gpu-failures-goodput.json']
 """
@@ -37,6 +37,7 @@ from otel_gpu.schema import Attr, Metric, MetricType
 from otel_gpu.schema import collector as s_collector
 from otel_gpu.schema import failure as s_failure
 from otel_gpu.schema import gpu as s_gpu
+from otel_gpu.schema import health as s_health
 from otel_gpu.schema import identity as s_id
 from otel_gpu.schema import nic as s_nic
 from otel_gpu.schema import training as s_training
@@ -223,7 +224,9 @@ def gpu_dashboard() -> DashboardSpec:
     d.rows.append(("Utilization and memory", [
         P("GPU utilization", [g.UTILIZATION], [gauge_q(g.UTILIZATION, v, GPU_LEGEND)], unit="percentunit",
           min=0, max=1),
-        P("Memory utilization (copy engine)", [g.MEMORY_UTILIZATION], [gauge_q(g.MEMORY_UTILIZATION, v, GPU_LEGEND)],
+        P("Memory used (fraction)", [g.MEMORY_UTILIZATION], [gauge_q(g.MEMORY_UTILIZATION, v, GPU_LEGEND)],
+          unit="percentunit", min=0, max=1),
+        P("Memory bandwidth activity", [g.MEMORY_ACTIVITY], [gauge_q(g.MEMORY_ACTIVITY, v, GPU_LEGEND)],
           unit="percentunit", min=0, max=1),
         P("Device memory used / total", [g.MEMORY_USAGE, g.MEMORY_LIMIT, g.MEMORY_FREE],
           [gauge_q(g.MEMORY_USAGE, v, f"used {GPU_LEGEND}"), gauge_q(g.MEMORY_LIMIT, v, f"total {GPU_LEGEND}"),
@@ -289,59 +292,81 @@ def gpu_dashboard() -> DashboardSpec:
         P("PCIe throughput", [g.PCIE_THROUGHPUT],
           [gauge_q(g.PCIE_THROUGHPUT, v, f"{GPU_LEGEND} {L(g.NETWORK_IO_DIRECTION)}")], unit="Bps"),
     ]))
+    h = s_health
+    d.groups = d.groups + (h._G,)
+    dev = f"{L(h.DEVICE_ID)}"
+    d.rows.append(("Device health (health processor)", [
+        P("Devices to drain / to watch", [h.HEALTH],
+          [Query(f"max by ({by(h.DEVICE_ID, h.DEVICE_KIND, s_id.HOST_NAME, h.DEVICE_STATE)}) "
+                 f"({sel(h.HEALTH, ('host',), (h.DEVICE_STATE, '!=', 'healthy'))} == 1)", "", (h.HEALTH,),
+                 instant=True, may_be_empty=True)],
+          kind="table", width=12,
+          extra="GPUs, NIC ports and nodes the health processor marks drain or watch now; the evidence and since "
+                "when are in `otel-gpu report` and the otel_gpu.device.state_change events."),
+        P("Device health score", [h.HEALTH_SCORE],
+          [gauge_q(h.HEALTH_SCORE, ("host",), dev)],
+          unit="short", width=12, min=0, max=100,
+          extra="0 healthy; the sum of the weights of the rules that hold (processors/health/README.md)."),
+    ]))
     return d
 
 
 def nic_dashboard() -> DashboardSpec:
     n = s_nic
     v = ("host",)
+    IB = (n.KIND, "=", "infiniband")
+    ETH = (n.KIND, "=", "ethernet")
+    NET = (s_id.HW_TYPE, "=", "network")
     ib = f"{L(s_id.HOST_NAME)} {L(n.DEVICE)}/{L(n.PORT)}"
     eth = f"{L(s_id.HOST_NAME)} {L(n.DEVICE)}"
+    dir_ = L(s_gpu.NETWORK_IO_DIRECTION)
     d = DashboardSpec("otel-gpu-nic-health", "otel-gpu / NIC health",
-                      "InfiniBand port counters and Ethernet/RoCE interfaces from the nic receiver (sysfs). Rising "
+                      "InfiniBand port counters and Ethernet/RoCE interfaces from the nic receiver (sysfs), on the "
+                      "hw.network.* semantic conventions (nic.kind tells ports and interfaces apart). Rising "
                       "symbol errors or link-error recoveries suggest optics or cables; any link_downed increase is a "
                       "flap; xmit discards / xmit_wait suggest congestion.", "otel-gpu-nic-health.json",
-                      ("datasource", "host"), groups=(n._G,), anchor=n.ETH_UP)
+                      ("datasource", "host"), groups=(n._G,), anchor=n.UP)
     d.rows.append(("InfiniBand", [
-        P("Ports down", [n.IB_UP], [Query(f"{sel(n.IB_UP, v)} == 0", ib, (n.IB_UP,), may_be_empty=True)],
+        P("Ports down", [n.UP], [Query(f"{sel(n.UP, v, IB)} == 0", ib, (n.UP,), may_be_empty=True)],
           kind="table", width=8, extra="Ports that are not ACTIVE and LinkUp."),
-        P("Port state", [n.IB_STATE, n.IB_PHYS_STATE, n.IB_UP],
+        P("Port state", [n.IB_STATE, n.IB_PHYS_STATE, n.UP],
           [gauge_q(n.IB_STATE, v, f"state {ib}"), gauge_q(n.IB_PHYS_STATE, v, f"phys {ib}"),
-           gauge_q(n.IB_UP, v, f"up {ib}")], kind="table", width=8),
-        P("Link rate", [n.IB_RATE], [gauge_q(n.IB_RATE, v, ib)], unit="Bps", kind="stat", width=8),
-        P("Throughput", [n.IB_IO_RATE], [gauge_q(n.IB_IO_RATE, v, f"{ib} {L(s_gpu.NETWORK_IO_DIRECTION)}")],
-          unit="Bps"),
-        P("Packets per second", [n.IB_PACKETS_RATE],
-          [gauge_q(n.IB_PACKETS_RATE, v, f"{ib} {L(s_gpu.NETWORK_IO_DIRECTION)}")], unit="pps"),
-        P("Error counters per second", [n.IB_ERRORS_RATE],
-          [gauge_q(n.IB_ERRORS_RATE, v, f"{ib} {L(n.COUNTER)}")], unit="short"),
+           gauge_q(n.UP, v, f"up {ib}", "", IB)], kind="table", width=8),
+        P("Link rate", [n.BANDWIDTH_LIMIT], [gauge_q(n.BANDWIDTH_LIMIT, v, ib, "", IB)], unit="Bps", kind="stat",
+          width=8),
+        P("Throughput", [n.IO_RATE], [gauge_q(n.IO_RATE, v, f"{ib} {dir_}", "", IB)], unit="Bps"),
+        P("Packets per second", [n.PACKETS_RATE], [gauge_q(n.PACKETS_RATE, v, f"{ib} {dir_}", "", IB)], unit="pps"),
+        P("Error counters per second", [n.ERRORS_RATE],
+          [gauge_q(n.ERRORS_RATE, v, f"{ib} {L(s_gpu.ERROR_TYPE)}", "", IB)], unit="short"),
         P("Vendor hw_counters per second", [n.IB_HW_COUNTERS_RATE],
           [gauge_q(n.IB_HW_COUNTERS_RATE, v, f"{ib} {L(n.COUNTER)}")], unit="short"),
-        P("Errors in range", [n.IB_ERRORS, n.IB_HW_COUNTERS],
-          [increase_q(n.IB_ERRORS, v, f"sum by ({by(s_id.HOST_NAME, n.DEVICE, n.PORT, n.COUNTER)})"),
+        P("Errors in range", [n.ERRORS, n.IB_HW_COUNTERS],
+          [Query(f"sum by ({by(s_id.HOST_NAME, n.DEVICE, n.PORT, s_gpu.ERROR_TYPE)}) "
+                 f"(increase({sel(n.ERRORS, v, NET, IB)}[$__range]))", "", (n.ERRORS,), instant=True),
            increase_q(n.IB_HW_COUNTERS, v, f"sum by ({by(s_id.HOST_NAME, n.DEVICE, n.PORT, n.COUNTER)})")],
           kind="table"),
-        P("Traffic in range", [n.IB_IO, n.IB_PACKETS],
-          [increase_q(n.IB_IO, v, f"sum by ({by(s_id.HOST_NAME, n.DEVICE, n.PORT, s_gpu.NETWORK_IO_DIRECTION)})"),
-           increase_q(n.IB_PACKETS, v,
-                      f"sum by ({by(s_id.HOST_NAME, n.DEVICE, n.PORT, s_gpu.NETWORK_IO_DIRECTION)})")],
+        P("Traffic in range", [n.IO, n.PACKETS],
+          [Query(f"sum by ({by(s_id.HOST_NAME, n.DEVICE, n.PORT, s_gpu.NETWORK_IO_DIRECTION)}) "
+                 f"(increase({sel(m, v, IB)}[$__range]))", "", (m,), instant=True) for m in (n.IO, n.PACKETS)],
           kind="table"),
     ]))
     d.rows.append(("Ethernet / RoCE", [
-        P("Interfaces down", [n.ETH_UP], [Query(f"{sel(n.ETH_UP, v)} == 0", eth, (n.ETH_UP,), may_be_empty=True)],
+        P("Interfaces down", [n.UP], [Query(f"{sel(n.UP, v, ETH)} == 0", eth, (n.UP,), may_be_empty=True)],
           kind="table", width=8),
-        P("Link speed", [n.ETH_SPEED], [gauge_q(n.ETH_SPEED, v, eth)], unit="Bps", kind="stat", width=8),
-        P("Interface up", [n.ETH_UP], [gauge_q(n.ETH_UP, v, eth)], kind="statetimeline", width=8),
-        P("Throughput", [n.ETH_IO_RATE], [gauge_q(n.ETH_IO_RATE, v, f"{eth} {L(s_gpu.NETWORK_IO_DIRECTION)}")],
-          unit="Bps"),
-        P("Packets per second", [n.ETH_PACKETS_RATE],
-          [gauge_q(n.ETH_PACKETS_RATE, v, f"{eth} {L(s_gpu.NETWORK_IO_DIRECTION)}")], unit="pps"),
-        P("Errors and drops per second", [n.ETH_ERRORS_RATE],
-          [gauge_q(n.ETH_ERRORS_RATE, v, f"{eth} {L(n.COUNTER)}")], unit="short"),
-        P("Traffic and errors in range", [n.ETH_IO, n.ETH_PACKETS, n.ETH_ERRORS],
-          [increase_q(n.ETH_IO, v, f"sum by ({by(s_id.HOST_NAME, n.DEVICE, s_gpu.NETWORK_IO_DIRECTION)})"),
-           increase_q(n.ETH_PACKETS, v, f"sum by ({by(s_id.HOST_NAME, n.DEVICE, s_gpu.NETWORK_IO_DIRECTION)})"),
-           increase_q(n.ETH_ERRORS, v, f"sum by ({by(s_id.HOST_NAME, n.DEVICE, n.COUNTER)})")], kind="table"),
+        P("Link speed", [n.BANDWIDTH_LIMIT], [gauge_q(n.BANDWIDTH_LIMIT, v, eth, "", ETH)], unit="Bps", kind="stat",
+          width=8),
+        P("Interface up", [n.UP], [gauge_q(n.UP, v, eth, "", ETH)], kind="statetimeline", width=8),
+        P("Throughput", [n.IO_RATE], [gauge_q(n.IO_RATE, v, f"{eth} {dir_}", "", ETH)], unit="Bps"),
+        P("Packets per second", [n.PACKETS_RATE], [gauge_q(n.PACKETS_RATE, v, f"{eth} {dir_}", "", ETH)],
+          unit="pps"),
+        P("Errors and drops per second", [n.ERRORS_RATE],
+          [gauge_q(n.ERRORS_RATE, v, f"{eth} {L(s_gpu.ERROR_TYPE)}", "", ETH)], unit="short"),
+        P("Traffic and errors in range", [n.IO, n.PACKETS, n.ERRORS],
+          [Query(f"sum by ({by(s_id.HOST_NAME, n.DEVICE, s_gpu.NETWORK_IO_DIRECTION)}) "
+                 f"(increase({sel(m, v, ETH)}[$__range]))", "", (m,), instant=True) for m in (n.IO, n.PACKETS)]
+          + [Query(f"sum by ({by(s_id.HOST_NAME, n.DEVICE, s_gpu.ERROR_TYPE)}) "
+                   f"(increase({sel(n.ERRORS, v, NET, ETH)}[$__range]))", "", (n.ERRORS,), instant=True)],
+          kind="table"),
     ]))
     return d
 

@@ -23,6 +23,23 @@ def _setup_logging(level: str = "info") -> None:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
 
 
+class _JsonFormatter(logging.Formatter):
+    """One JSON object per line: level, ts, logger, msg (and service.telemetry.logs.initial_fields)."""
+
+    def __init__(self, fields: dict | None = None):
+        super().__init__()
+        self.fields = dict(fields or {})
+
+    def format(self, record: logging.LogRecord) -> str:
+        import json
+
+        doc = {"level": record.levelname.lower(), "ts": record.created, "logger": record.name,
+               "msg": record.getMessage(), **self.fields}
+        if record.exc_info:
+            doc["error"] = self.formatException(record.exc_info)
+        return json.dumps(doc, default=str)
+
+
 def cmd_collector(args: argparse.Namespace) -> int:
     from otel_gpu.collector.config import load_default, load_file
     from otel_gpu.collector.runtime import Collector, StartError
@@ -37,6 +54,9 @@ def cmd_collector(args: argparse.Namespace) -> int:
             print(f"  - {problem}", file=sys.stderr)
         return 2
     logging.getLogger().setLevel(config.telemetry.log_level.upper())
+    if config.telemetry.logs.encoding == "json":  # service.telemetry.logs.encoding, as the Collector's zap logger
+        for handler in logging.getLogger().handlers:
+            handler.setFormatter(_JsonFormatter(config.telemetry.logs.initial_fields))
     if args.validate:
         print(f"{config.source}: configuration is valid "
               f"({len(config.pipelines)} pipelines, {len(config.components)} components)")
@@ -90,15 +110,51 @@ def _not_yet(name: str, issue: str):
     return run
 
 
+_EXAMPLES = {
+    "collector": """examples:
+  otel-gpu collector                                  # built-in config: OTLP 127.0.0.1:4317/4318, Prometheus :9464,
+                                                      # health check :13133, store ./otel-gpu-data
+  otel-gpu collector --print-default-config > my.yaml
+  otel-gpu collector --config my.yaml --validate      # check a config (OpenTelemetry Collector shape) and exit
+  otel-gpu collector --config docs/examples/aggregator.yaml""",
+    "report": """examples:
+  otel-gpu report                                     # ./otel-gpu-data, text
+  otel-gpu report --job job-3f2a --format json
+  otel-gpu report --job job-3f2a --plot goodput.svg   # or goodput.png""",
+    "run": """environment set for CMD (and every process it starts):
+  OTEL_GPU_AUTO=1               instrument each Python process at start-up (through a sitecustomize on PYTHONPATH)
+  PYTHONPATH                    the bootstrap folder first, then yours
+  OTEL_GPU_JOB_ID               one job id for all processes (yours if set, else a new one; printed at start)
+  OTEL_GPU_REGISTRY             a folder where processes note their pid, rank and how they ended
+  OTEL_EXPORTER_OTLP_ENDPOINT   --endpoint, when given (other OTEL_* variables pass through unchanged)
+
+examples:
+  otel-gpu run -- torchrun --standalone --nproc-per-node 4 train.py --epochs 3
+  otel-gpu run --endpoint http://collector.example:4317 -- python train.py
+  otel-gpu report --job <the job id printed at start>""",
+    "demo": """examples:
+  otel-gpu demo                                       # a hang on a random rank
+  otel-gpu demo --list
+  otel-gpu demo --scenario crash --rank 0""",
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
     from otel_gpu import __version__
 
     parser = argparse.ArgumentParser(prog="otel-gpu", description="Why your GPU training job crashed, hung or "
-                                     "slowed down, over OpenTelemetry.")
+                                     "slowed down, over OpenTelemetry.", formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="examples:\n  otel-gpu collector &\n  otel-gpu run -- torchrun "
+                                            "--standalone --nproc-per-node 4 train.py\n  otel-gpu report\n\n"
+                                            "`otel-gpu COMMAND --help` shows each command's options and examples.")
     parser.add_argument("--version", action="version", version=f"otel-gpu {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("collector", help="run the collector (sidecar or aggregator)")
+    fmt = argparse.RawDescriptionHelpFormatter
+    p = sub.add_parser("collector", help="run the collector (sidecar or aggregator)", formatter_class=fmt,
+                       description="Run the collector: OTLP in, attribution and goodput, Prometheus and the\n"
+                                   "embedded store out.",
+                       epilog=_EXAMPLES["collector"])
     p.add_argument("--config", metavar="FILE", help="YAML config in the OpenTelemetry Collector's shape "
                    "(default: the built-in config; see `otel-gpu collector --print-default-config`)")
     p.add_argument("--validate", action="store_true", help="check the config and exit")
@@ -106,19 +162,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shutdown-timeout-s", type=float, default=10.0, help="flush deadline on SIGTERM (default 10)")
     p.set_defaults(func=cmd_collector)
 
-    p = sub.add_parser("report", help="failures with their attribution, and goodput, from the embedded store")
+    p = sub.add_parser("report", help="failures with their attribution, and goodput, from the embedded store",
+                       formatter_class=fmt, epilog=_EXAMPLES["report"],
+                       description="Failures with their cause, culprit and evidence, then goodput (ETTR, badput)\n"
+                                   "and a one-line timeline per job, read from the collector's embedded store.")
     p.add_argument("--store", metavar="DIR", default="./otel-gpu-data", help="store folder (default ./otel-gpu-data)")
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.add_argument("--job", metavar="JOB_ID", help="only this job")
     p.add_argument("--limit", type=int, default=50, help="most recent failures to show (default 50)")
+    p.add_argument("--plot", metavar="FILE", help="also draw each job's goodput timeline (productive time, badput "
+                   "buckets, failures, restarts; ETTR in the title) into FILE.svg or FILE.png")
     p.set_defaults(func=cmd_report)
 
-    p = sub.add_parser("run", help="launch a training command with auto-instrumentation")
-    p.add_argument("--endpoint", metavar="URL")
-    p.add_argument("cmd", nargs=argparse.REMAINDER)
+    p = sub.add_parser("run", help="launch a training command with auto-instrumentation", formatter_class=fmt,
+                       usage="otel-gpu run [--endpoint URL] -- CMD [ARG ...]",
+                       description="Run CMD (e.g. torchrun ...) with every Python process it starts instrumented,\n"
+                                   "and report how each of them ended. Put `--` before CMD so that its options are\n"
+                                   "not read as otel-gpu's.",
+                       epilog=_EXAMPLES["run"])
+    p.add_argument("--endpoint", metavar="URL",
+                   help="OTLP endpoint of the collector (default: $OTEL_EXPORTER_OTLP_ENDPOINT if set, else "
+                        "http://127.0.0.1:4317, the local `otel-gpu collector`)")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD [ARG ...]", help="the training command")
     p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("demo", help="start a collector and a small CPU training job, inject a fault, explain it")
+    p = sub.add_parser("demo", help="start a collector and a small CPU training job, inject a fault, explain it",
+                       formatter_class=fmt, epilog=_EXAMPLES["demo"])
     p.add_argument("--scenario", default="hang", help="fault to inject (default: hang; see --list)")
     p.add_argument("--rank", type=int, help="the faulty rank (default: a random one of 1-3)")
     p.add_argument("--list", action="store_true", help="list the scenarios and exit")

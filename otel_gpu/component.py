@@ -35,7 +35,8 @@ from typing import Any, Protocol
 
 from otel_gpu.pdata import Batch, Signal
 
-__all__ = ["ComponentFactory", "ComponentHost", "Consumer", "ExportResult", "Exporter", "Processor", "Receiver",
+__all__ = ["ComponentFactory", "ComponentHost", "Consumer", "ExportResult", "Exporter", "Extension", "Processor",
+           "Receiver",
            "SelfTelemetry", "NullConsumer", "LogOnce", "run_polling"]
 
 
@@ -132,6 +133,11 @@ class Exporter(Component):
 
     def force_flush(self, timeout_s: float = 5.0) -> bool:
         return True
+
+
+class Extension(Component):
+    """Runs beside the pipelines (``extensions:``, listed in ``service.extensions``): started first, stopped last.
+    ``host.services["ready"]()`` tells whether the collector's pipelines are running."""
 
 
 @dataclass(frozen=True)

@@ -198,6 +198,7 @@ def run(cmd: list[str], endpoint: str | None = None, job_id: str | None = None, 
     identity.rank = identity.local_rank = identity.world_size = None
     client = OtlpClient(cfg.endpoint, cfg.protocol, cfg.headers, cfg.export_timeout_s)
     watcher = ExitWatcher(registry, on_job_id=lambda agreed: job.adopt(agreed, identity))
+    print(f"otel-gpu run: job {job_id}; telemetry to {cfg.endpoint} ({cfg.protocol})", file=sys.stderr, flush=True)
     try:
         proc = subprocess.Popen(cmd, env=env)
     except OSError as exc:
@@ -245,7 +246,10 @@ def run(cmd: list[str], endpoint: str | None = None, job_id: str | None = None, 
             how = rep.get("signal") or (f"exit code {rep['code']}" if rep.get("code") is not None else
                                         "vanished without an exit record (SIGKILL or os._exit)")
             print(f"otel-gpu run: {who} (pid {rep['pid']}) ended: {how}", file=sys.stderr)
-    return rc if rc >= 0 else 128 - rc
+    status = rc if rc >= 0 else 128 - rc
+    print(f"otel-gpu run: job {job.value} ended with status {status}; what happened: otel-gpu report --job {job.value}",
+          file=sys.stderr, flush=True)
+    return status
 
 
 def threading_is_main() -> bool:

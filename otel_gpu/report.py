@@ -32,8 +32,32 @@ _AT_TIME = re.compile(r"^(.*\S)\s+@(\d+(?:\.\d+)?)$")
 _SUMMARY_KEYS = ("summary", "message", "description", "explanation", "title")
 
 
+_HISTORY_ROWS = 20_000  # goodput summaries read per job for its timeline (every ~5 s: a day of a job)
+
+
+def job_timelines(store: str, job_ids: list[str]) -> list[Any]:
+    """:class:`otel_gpu.plot.JobTimeline` of each job, from its goodput history and failure records."""
+    from otel_gpu.plot import job_timeline
+
+    conn = db.open_reader(store)
+    try:
+        conn.execute("BEGIN")
+        out = [job_timeline(job, db.goodput_history(conn, job, _HISTORY_ROWS), db.failures(conn, job, None))
+               for job in job_ids]
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
+    return out
+
+
 def build_report(store: str, job_id: str | None = None, limit: int | None = 50) -> dict[str, Any]:
-    """The report as a JSON-ready dict: ``{"failures": [...], "goodput": {...} | None, "jobs": [...]}``.
+    """The report as a JSON-ready dict: ``{"failures": [...], "goodput": {...} | None, "devices": [...],
+    "jobs": [...]}``. ``devices``: the devices to drain, then to watch (``db.device_states``), with evidence and the
+    failures (and jobs) they were the culprit of.
+
+    Each failure is the latest version of its record; one with a ``failure_id`` carries ``versions``, every version
+    received (oldest first, ``{"version", "received_time", "record"}``). A withdrawn verdict (a hang whose ranks
+    resumed) is kept with ``status: withdrawn``.
 
     ``goodput`` is the selected job's latest summary, or (no job selected) the most recently updated job's.
 
@@ -45,15 +69,19 @@ def build_report(store: str, job_id: str | None = None, limit: int | None = 50) 
     conn = db.open_reader(store)
     try:
         conn.execute("BEGIN")  # one snapshot for every query
-        failures = db.failures(conn, job_id, limit)
+        failures = db.failures(conn, job_id, limit, history=True)
         goodput = db.goodput(conn, job_id) if job_id is not None else db.latest_goodput(conn)
         jobs = db.jobs(conn, job_id)
+        devices = db.device_states(conn, ("drain", "watch"))
         conn.execute("COMMIT")
     finally:
         conn.close()
-    return {"failures": failures, "goodput": goodput,
-            "jobs": [{k: j[k] for k in ("job_id", "first_seen", "last_seen", "ranks", "hosts", "world_size",
-                                        "goodput")} for j in jobs]}
+    from otel_gpu.plot import one_line
+
+    lines = {tl.job_id: one_line(tl) for tl in job_timelines(store, [j["job_id"] for j in jobs])}
+    return {"failures": failures, "goodput": goodput, "devices": devices,
+            "jobs": [{**{k: j[k] for k in ("job_id", "first_seen", "last_seen", "ranks", "hosts", "world_size",
+                                           "goodput")}, "timeline": lines.get(j["job_id"])} for j in jobs]}
 
 
 # -- text ----------------------------------------------------------------------------------------------------------
@@ -141,8 +169,25 @@ def _headline(record: dict[str, Any]) -> str:
     return line + ("; " + "; ".join(tail) if tail else "")
 
 
+def _verdict(record: dict[str, Any]) -> str:
+    who = _culprit(record.get("culprit"))
+    text = f"{record.get('kind') or '?'}/{record.get('root_cause') or '?'}"
+    return f"{text} ({who})" if who else text
+
+
 def _failure_lines(record: dict[str, Any]) -> list[str]:
-    lines = [_headline(record)]
+    withdrawn = db.is_withdrawn(record)
+    lines = [("WITHDRAWN " if withdrawn else "") + _headline(record)]
+    versions = [v for v in record.get("versions") or () if isinstance(v, dict) and isinstance(v.get("record"), dict)]
+    if withdrawn:
+        summary = str(record.get("summary") or "")
+        why = record.get("withdrawn_reason") or (summary.split(":", 1)[1].split(";")[0].strip()
+                                                 if summary.startswith("withdrawn:") else "the verdict was taken back")
+        lines.append(f"  status: withdrawn ({why}); not counted as a failure")
+    if len(versions) > 1:
+        steps = " -> ".join(f"v{v['version']} {_verdict(v['record'])}"
+                            + (" withdrawn" if db.is_withdrawn(v["record"]) else "") for v in versions)
+        lines.append(f"  revisions: {steps}")
     onset, detected = _num(record.get("onset_time")), _num(record.get("detected_time"))
     if detected is not None:
         lines.append(f"  detected: {_time(detected)}" + (f" (onset {_time(onset)})" if onset is not None else ""))
@@ -191,6 +236,32 @@ def _goodput_lines(goodput: dict[str, Any] | None, title: str = "goodput") -> li
     return lines
 
 
+def _device_lines(devices: list[dict[str, Any]]) -> list[str]:
+    """The "devices to drain / to watch" section."""
+    lines: list[str] = []
+    for state, title in (("drain", "devices to drain"), ("watch", "devices to watch")):
+        chosen = [d for d in devices if d.get("state") == state]
+        if not chosen:
+            continue
+        lines.append(f"{title} ({len(chosen)}):")
+        for d in chosen:
+            who = d.get("device_id") or "?"
+            extra = [f"GPU {d['gpu_index']}" if d.get("gpu_index") is not None else "", d.get("serial") or ""]
+            where = f" on {d['host']}" if d.get("host") and d.get("kind") != "node" else ""
+            tail = ", ".join(x for x in extra if x)
+            score = _num(d.get("score"))
+            lines.append(f"  {who}{where}{f' ({tail})' if tail else ''}: {state} since {_time(d.get('since'))}"
+                         + (f", score {score:.0f}" if score is not None else ""))
+            for item in (d.get("evidence") or [])[:6]:
+                lines.append(f"    - {item}")
+            failures = d.get("failures") or {}
+            if failures.get("failures"):
+                n, jobs = int(failures["failures"]), failures.get("jobs") or []
+                lines.append(f"    culprit of {n} failure{'s' if n != 1 else ''} from {_time(failures.get('first'))} "
+                             f"to {_time(failures.get('last'))}; jobs hurt: {', '.join(map(str, jobs)) or 'unknown'}")
+    return lines
+
+
 def format_text(report: dict[str, Any]) -> str:
     """What a person wants to read: each failure with its cause, culprit and evidence; then goodput and jobs."""
     lines: list[str] = []
@@ -198,12 +269,19 @@ def format_text(report: dict[str, Any]) -> str:
     if not failures:
         lines.append("no failures recorded")
     else:
-        lines.append(f"{len(failures)} failure{'s' if len(failures) != 1 else ''} (newest first)")
+        taken_back = sum(1 for f in failures if db.is_withdrawn(f))
+        live = len(failures) - taken_back
+        lines.append(f"{live} failure{'s' if live != 1 else ''} (newest first)"
+                     + (f", {taken_back} withdrawn verdict{'s' if taken_back != 1 else ''}" if taken_back else ""))
         for record in failures:
             lines.append("")
             lines.extend(_failure_lines(record))
         lines.append("")
     lines.extend(_goodput_lines(report["goodput"]))
+    device_lines = _device_lines(report.get("devices") or [])
+    if device_lines:
+        lines.append("")
+        lines.extend(device_lines)
     jobs = report["jobs"]
     if jobs:
         lines.append("")
@@ -219,6 +297,12 @@ def format_text(report: dict[str, Any]) -> str:
             lines.append(f"  {job['job_id']}: {' on '.join(where) or 'no resource data'}, seen "
                          f"{_time(job['first_seen'])} to {_time(job['last_seen'])}"
                          + (f", ETTR {ettr * 100:.1f}%" if ettr is not None else ""))
+            if job.get("timeline") and job["timeline"].strip("[ ]"):
+                lines.append(f"    {job['timeline']}")
+        if any(j.get("timeline") and j["timeline"].strip("[ ]") for j in jobs):
+            from otel_gpu.plot import legend_line
+
+            lines.append(f"  timeline: {legend_line()}")
     return "\n".join(lines) + "\n"
 
 
@@ -244,4 +328,18 @@ def main(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None
         out.write("\n")
     else:
         out.write(format_text(report))
+    plot = getattr(args, "plot", None)
+    if plot:
+        from otel_gpu import plot as plotting
+
+        jobs = [j["job_id"] for j in report["jobs"]][:_PLOT_JOBS]
+        try:
+            plotting.write(plot, job_timelines(store, jobs))
+        except (OSError, ValueError) as exc:
+            print(f"otel-gpu report: cannot write the plot: {exc}", file=err)
+            return 1
+        print(f"goodput timeline of {len(jobs)} job{'s' if len(jobs) != 1 else ''} written to {plot}", file=err)
     return 0
+
+
+_PLOT_JOBS = 20  # most recently active jobs drawn by --plot (select one with --job)

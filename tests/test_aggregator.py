@@ -26,7 +26,6 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from collector_proc import free_port, start_collector
-from otel_gpu.collector import registry
 from otel_gpu.collector.config import load_file, load_text
 from otel_gpu.collector.runtime import Collector
 from otel_gpu.otlp_build import LogsBuilder, MetricsBuilder, attributes
@@ -112,17 +111,16 @@ def test_example_configs_load_with_our_loader(monkeypatch):
 
 
 def test_compact_config_errors_name_the_key():
-    with pytest.raises(Exception, match="processors.compact.job_idle_s"):
-        load_text("receivers: {otlp: {}}\nprocessors: {compact: {job_idle_s: 0}}\nexporters: {debug: {}}\n"
+    with pytest.raises(Exception, match="processors.compact.job_idle must be > 0"):
+        load_text("receivers: {otlp: {}}\nprocessors: {compact: {job_idle: 0s}}\nexporters: {debug: {}}\n"
                   "service: {pipelines: {logs: {receivers: [otlp], processors: [compact], exporters: [debug]}}}")
 
 
 # -- the processor in a real Collector --------------------------------------------------------------------------------
 @pytest.fixture
-def sidecar_in_process(monkeypatch):
-    monkeypatch.setitem(registry.BUILTIN["exporter"], "capture", "otel_gpu.testing.capture")
+def sidecar_in_process(capture_exporter):
     config = {"receivers": {"otlp": {"grpc": {"endpoint": "127.0.0.1:0"}, "http": None}},
-              "processors": {"compact": {"batch_interval_s": 0}},
+              "processors": {"compact": {"batch_interval": "0s"}},
               "exporters": {"capture/backend": {}, "capture/aggregator": {}},
               "service": {"pipelines": {
                   "traces/backend": {"receivers": ["otlp"], "exporters": ["capture/backend"]},
@@ -171,8 +169,7 @@ def test_compact_drops_collective_spans_and_leaves_the_backend_batch_whole(sidec
     assert [m.name for sm in rm.scope_metrics for m in sm.metrics] == [G.XID_ERRORS.name]
 
 
-def test_compact_holds_back_node_records_until_a_job_is_known(monkeypatch):
-    monkeypatch.setitem(registry.BUILTIN["exporter"], "capture", "otel_gpu.testing.capture")
+def test_compact_holds_back_node_records_until_a_job_is_known(capture_exporter):
     pipe = {"receivers": ["otlp"], "processors": ["compact"], "exporters": ["capture"]}
     config = {"receivers": {"otlp": {"grpc": {"endpoint": "127.0.0.1:0"}, "http": None}},
               "processors": {"compact": {}}, "exporters": {"capture": {}},
@@ -190,7 +187,7 @@ def test_compact_forwards_unchanged_node_metrics_only_on_refresh():
     from otel_gpu.config import build
     from otel_gpu.processors.compact import CompactConfig, CompactProcessor
 
-    compact = CompactProcessor(build(CompactConfig, {"job_id": JOB, "metrics_refresh_s": 30, "batch_interval_s": 0},
+    compact = CompactProcessor(build(CompactConfig, {"job_id": JOB, "metrics_refresh": "30s", "batch_interval": "0s"},
                                      "processors.compact"),
                                ComponentHost("compact", PrometheusSelfTelemetry()))
     clock = [1000.0]
@@ -219,11 +216,10 @@ def test_compact_forwards_unchanged_node_metrics_only_on_refresh():
     assert compact.stats["metrics"]["unchanged"] == 2 + 2 + 1 + 1
 
 
-def test_compact_merges_the_ranks_of_a_node_into_one_request(monkeypatch):
-    monkeypatch.setitem(registry.BUILTIN["exporter"], "capture", "otel_gpu.testing.capture")
+def test_compact_merges_the_ranks_of_a_node_into_one_request(capture_exporter):
     pipe = {"receivers": ["otlp"], "processors": ["compact"], "exporters": ["capture"]}
     config = {"receivers": {"otlp": {"grpc": {"endpoint": "127.0.0.1:0"}, "http": None}},
-              "processors": {"compact": {"batch_interval_s": 0.3, "batch_max_items": 100}},
+              "processors": {"compact": {"batch_interval": "300ms", "batch_max_items": 100}},
               "exporters": {"capture": {}}, "service": {"pipelines": {"logs": pipe, "traces": pipe}}}
     c = Collector(load_text(yaml.safe_dump(config)))
     c.start()
@@ -271,8 +267,8 @@ def test_hang_of_a_4_rank_job_reaches_the_aggregator_store_through_the_sidecar(t
     with OtlpSink() as full_backend, OtlpSink() as agg_backend:
         aggregator = _example("aggregator.yaml",
                               receivers__otlp={"grpc": {"endpoint": f"127.0.0.1:{agg_port}"}, "http": None},
-                              processors__attribution={"hang_timeout_s": 2.0, "tick_interval_s": 0.3},
-                              processors__goodput={"report_interval_s": 1.0},
+                              processors__attribution={"hang_timeout": "2s", "tick_interval": "300ms"},
+                              processors__goodput={"report_interval": "1s"},
                               exporters__store={"path": str(store)},
                               exporters__prometheus={"endpoint": f"127.0.0.1:{free_port()}"},
                               exporters__otlp_SLASH_backend={"endpoint": agg_backend.endpoint, "compression": "none"})
@@ -282,7 +278,7 @@ def test_hang_of_a_4_rank_job_reaches_the_aggregator_store_through_the_sidecar(t
                                             "scenario": str(ROOT / "tests/testdata/fake_nvml_sidecar.yaml")},
                            receivers__xid={"path": str(tmp_path / "kern.log"), "backend": "none"},
                            exporters__otlp_SLASH_aggregator={"endpoint": f"127.0.0.1:{agg_port}",
-                                                             "retry_on_failure": {"initial_interval_s": 0.2}},
+                                                             "retry_on_failure": {"initial_interval": "200ms"}},
                            exporters__otlp_SLASH_backend={"endpoint": full_backend.endpoint})
         (tmp_path / "kern.log").write_text("")
         with start_collector(yaml.safe_dump(aggregator), tmp_path / "agg") as agg, \
@@ -323,7 +319,7 @@ def test_every_signal_the_sidecar_forwards_names_the_job(tmp_path):
     with OtlpSink() as aggregator, OtlpSink() as backend:
         sidecar = _example("sidecar.yaml",
                            receivers__otlp={"grpc": {"endpoint": f"127.0.0.1:{sidecar_port}"}, "http": None},
-                           receivers__nvml={"backend": "fake", "interval_s": 0.5,
+                           receivers__nvml={"backend": "fake", "interval": "500ms",
                                             "scenario": str(ROOT / "tests/testdata/fake_nvml_sidecar.yaml")},
                            receivers__xid={"path": str(tmp_path / "kern.log"), "backend": "none"},
                            exporters__otlp_SLASH_aggregator={"endpoint": aggregator.endpoint, "compression": "none"},

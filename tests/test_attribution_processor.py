@@ -14,6 +14,7 @@ from otel_gpu.collector.runtime import Collector
 from otel_gpu.otlp_build import LogsBuilder
 from otel_gpu.pdata import Batch, Signal
 from otel_gpu.schema import failure as F
+from otel_gpu.schema import gpu as G
 from otel_gpu.schema import training as T
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
@@ -25,7 +26,7 @@ def collector(monkeypatch):
     monkeypatch.setitem(registry.BUILTIN["exporter"], "capture", "otel_gpu.testing.capture")
     pipe = {"receivers": ["otlp"], "processors": ["attribution"], "exporters": ["capture"]}
     config = {"receivers": {"otlp": {"grpc": {"endpoint": "127.0.0.1:0"}, "http": None}},
-              "processors": {"attribution": {"hang_timeout_s": 2.0, "tick_interval_s": 60}},
+              "processors": {"attribution": {"hang_timeout": "2s", "tick_interval": "1m"}},
               "exporters": {"capture": {}},
               "service": {"pipelines": {"traces": pipe, "metrics": pipe, "logs": pipe}}}
     c = Collector(load_text(yaml.safe_dump(config)))
@@ -96,3 +97,32 @@ def test_healthy_heartbeats_produce_nothing(collector):
                                     "stalled_s": 0.1, "since": now})
         _send(collector, Signal.LOGS, lb.build())
     assert collector.component("processor", "attribution").tick() == []
+
+
+def test_a_revision_goes_out_again_with_the_same_failure_id_and_the_counter_counts_the_failure_once(collector):
+    """A CUDA error first; the XID on its GPU arrives after the verdict: the failure event is emitted again with the
+    same failure_id, version 2 and previous_root_cause; the failures counter shows one failure, by its latest cause."""
+    attribution = collector.component("processor", "attribution")
+    lb = LogsBuilder(_resource(1))
+    lb.event(T.EXCEPTION_EVENT, {"type": "torch.AcceleratorError"}, attrs={
+        "exception.type": "torch.AcceleratorError", "exception.message": "CUDA error: unspecified launch failure",
+        "exception.hint": "cuda_error", "thread.name": "MainThread"})
+    _send(collector, Signal.LOGS, lb.build())
+    deadline = time.monotonic() + 5
+    while not attribution.records and time.monotonic() < deadline:  # the tick thread names it when it falls due
+        time.sleep(0.05)
+    (first,) = attribution.records
+    assert (first.root_cause.value, first.version) == ("python_exception", 1)
+    xid = LogsBuilder({"host.name": "node-a", "service.name": "otel-gpu-collector"})
+    xid.event(G.XID_EVENT, {"message": "fell off the bus"}, attrs={"gpu.xid.code": 79, "gpu.index": 1,
+                                                                     "process.pid": 101})
+    _send(collector, Signal.LOGS, xid.build())
+    (revised,) = attribution.tick()
+    assert (revised.root_cause.value, revised.version, revised.failure_id) == ("gpu_fell_off_bus", 2,
+                                                                              first.failure_id)
+    capture = collector.component("exporter", "capture")
+    bodies = [json.loads(r.body.string_value) for r, _, _ in capture.log_records(F.FAILURE_EVENT.name)]
+    assert [(b["failure_id"], b["version"], b.get("previous_root_cause")) for b in bodies] == [
+        (first.failure_id, 1, None), (first.failure_id, 2, "python_exception")]
+    _, point, attrs, _ = capture.points(F.FAILURES.name)[-1]
+    assert (attrs["failure.root_cause"], point.as_int) == ("gpu_fell_off_bus", 1)

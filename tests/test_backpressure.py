@@ -77,9 +77,9 @@ def build_collector(limit_mib: int, spike_mib: int) -> Collector:
             "grpc": {"endpoint": "127.0.0.1:0", "max_recv_msg_size_mib": 4},
             "http": {"endpoint": "127.0.0.1:0", "max_request_body_size_mib": 4}}, "receivers.otlp")),
         "processor:memory_limiter": ComponentSpec("memory_limiter", "processor", limiter, build(
-            limiter.config_class, {"check_interval_s": 0.05, "limit_mib": limit_mib, "spike_limit_mib": spike_mib,
-                                   "retry_after_s": 2,
-                                   "min_gc_interval_when_soft_limited_s": 0.5}, "processors.memory_limiter")),
+            limiter.config_class, {"check_interval": "50ms", "limit_mib": limit_mib, "spike_limit_mib": spike_mib,
+                                   "retry_after": "2s",
+                                   "min_gc_interval_when_soft_limited": "500ms"}, "processors.memory_limiter")),
         "exporter:hold": ComponentSpec("hold", "exporter", HOLD, HoldConfig()),
     }
     pipe = PipelineSpec("traces", Signal.TRACES, ["otlp"], ["memory_limiter"], ["hold"])
@@ -218,7 +218,7 @@ def test_our_exporter_honours_the_retry_hint_and_loses_nothing():
     sender_telemetry = PrometheusSelfTelemetry()
     cfg = build(otlp_exporter.config_class, {
         "endpoint": f"127.0.0.1:{receiver.grpc_port}", "compression": "none",
-        "retry_on_failure": {"initial_interval_s": 0.2, "max_interval_s": 1, "max_elapsed_time_s": 0},
+        "retry_on_failure": {"initial_interval": "200ms", "max_interval": "1s", "max_elapsed_time": "0s"},
         "sending_queue": {"queue_size": 100, "num_consumers": 2}}, "exporters.otlp")
     sender = otlp_exporter.create(cfg, ComponentHost("otlp/out", sender_telemetry))
     sender.start()
@@ -261,7 +261,7 @@ receivers:
     grpc: {{endpoint: 127.0.0.1:{grpc_port}}}
     http: {{endpoint: 127.0.0.1:{http_port}}}
 processors:
-  memory_limiter: {{check_interval_s: 0.1, limit_mib: 8, spike_limit_mib: 4, retry_after_s: 3}}
+  memory_limiter: {{check_interval: 100ms, limit_mib: 8, spike_limit_mib: 4, retry_after: 3s}}
 exporters:
   prometheus: {{endpoint: 127.0.0.1:{prom_port}}}
   debug: {{}}
@@ -364,7 +364,7 @@ def test_memory_limiter_settings():
         ({"limit_mib": 100, "spike_limit_mib": 100}, "spike_limit_mib must be >= 0 and < limit_mib"),
         ({"limit_percentage": 101}, "limit_percentage must be within 1..100"),
         ({"limit_mib": 100, "spike_limit_percentage": 10}, "goes with limit_percentage"),
-        ({"limit_mib": 100, "check_interval_s": 0}, "check_interval_s must be > 0"),
+        ({"limit_mib": 100, "check_interval": "0s"}, "check_interval must be > 0"),
     ]:
         with pytest.raises(ConfigError, match=message):
             build(MemoryLimiterConfig, bad, path)

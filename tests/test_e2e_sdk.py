@@ -37,7 +37,7 @@ receivers:
 exporters:
   otlp:
     endpoint: "{sink_endpoint}"
-    retry_on_failure: {{initial_interval_s: 0.2, max_interval_s: 0.5}}
+    retry_on_failure: {{initial_interval: 200ms, max_interval: 500ms}}
 {extra_exporter}
 service:
   pipelines:

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from otel_gpu.collector import registry
 from otel_gpu.collector.config import load_text, parse
-from otel_gpu.config import ConfigError, build
+from otel_gpu.config import ConfigError, build, yaml_keys
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -179,16 +179,15 @@ def _components() -> list[tuple[str, str]]:
 
 
 def _fields(cls, prefix: str = "") -> list[str]:
-    """Every setting, nested ones as dotted paths (``grpc.endpoint``)."""
+    """Every setting as written in YAML (durations without their unit suffix), nested ones as dotted paths
+    (``grpc.endpoint``)."""
     out = []
-    for f in dataclasses.fields(cls):
-        if not f.init:
-            continue
-        out.append(prefix + f.name)
-        hint = __import__("typing").get_type_hints(cls).get(f.name)
+    for key, spec in yaml_keys(cls).items():
+        out.append(prefix + key)
+        hint = __import__("typing").get_type_hints(cls).get(spec.field)
         for arg in (hint, *__import__("typing").get_args(hint)):
             if dataclasses.is_dataclass(arg):
-                out.extend(_fields(arg, f"{prefix}{f.name}."))
+                out.extend(_fields(arg, f"{prefix}{key}."))
     return out
 
 
@@ -244,10 +243,10 @@ def test_nan_and_huge_numbers_are_config_errors_for_every_number_setting(kind, n
     for key in _fields(factory.config_class):
         owner, leaf = factory.config_class, key
         for part in key.split(".")[:-1]:
-            hint = typing.get_type_hints(owner)[part]
+            hint = typing.get_type_hints(owner)[yaml_keys(owner)[part].field]
             owner = next(a for a in (hint, *typing.get_args(hint)) if dataclasses.is_dataclass(a))
             leaf = key.rsplit(".", 1)[-1]
-        if typing.get_type_hints(owner)[leaf] is not float:
+        if typing.get_type_hints(owner)[yaml_keys(owner)[leaf].field] is not float:
             continue
         for bad in (float("nan"), 10**400):
             with pytest.raises(ConfigError) as err:

@@ -26,7 +26,6 @@ from opentelemetry.proto.collector.logs.v1 import logs_service_pb2
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
-from otel_gpu.collector import registry
 from otel_gpu.collector.config import load_text
 from otel_gpu.collector.runtime import Collector
 from otel_gpu.pdata import Signal
@@ -120,13 +119,11 @@ class Running:
 
 
 @pytest.fixture(scope="module")
-def running(tmp_path_factory):
-    saved = dict(registry.BUILTIN["exporter"])
-    registry.BUILTIN["exporter"]["capture"] = "otel_gpu.testing.capture"
+def running(tmp_path_factory, capture_exporter_module):
     pipe = {"receivers": ["otlp"], "processors": ["attribution", "goodput"], "exporters": ["capture", "store"]}
     config = {"receivers": {"otlp": {"grpc": {"endpoint": "127.0.0.1:0", "max_recv_msg_size_mib": LIMIT_MIB},
                                      "http": {"endpoint": "127.0.0.1:0", "max_request_body_size_mib": LIMIT_MIB}}},
-              "processors": {"attribution": {"tick_interval_s": 0.2}, "goodput": {"report_interval_s": 0.2}},
+              "processors": {"attribution": {"tick_interval": "200ms"}, "goodput": {"report_interval": "200ms"}},
               "exporters": {"capture": {}, "store": {"path": str(tmp_path_factory.mktemp("store"))}},
               "service": {"pipelines": {"traces": pipe, "metrics": pipe, "logs": pipe}}}
     errors = _Errors()
@@ -147,8 +144,6 @@ def running(tmp_path_factory):
         collector.shutdown()
         root.removeHandler(errors)
         http_logger.setLevel(old_level)
-        registry.BUILTIN["exporter"].clear()
-        registry.BUILTIN["exporter"].update(saved)
     assert not errors.records, "\n".join(errors.records[:3])
 
 

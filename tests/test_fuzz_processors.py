@@ -31,7 +31,7 @@ from otel_gpu.component import ComponentHost
 from otel_gpu.config import build
 from otel_gpu.exporters.store import FACTORY as STORE
 from otel_gpu.exporters.store import db
-from otel_gpu.pdata import Batch, Signal
+from otel_gpu.pdata import Batch, Signal, set_any
 from otel_gpu.processors.attribution import FACTORY as ATTRIBUTION
 from otel_gpu.processors.goodput import FACTORY as GOODPUT
 
@@ -49,15 +49,14 @@ EVENTS = ["otel_gpu.progress", "otel_gpu.stacks", "otel_gpu.exception", "otel_gp
 SPANS = ["otel_gpu.step", "otel_gpu.data.wait", "otel_gpu.checkpoint.save", "otel_gpu.checkpoint.load",
          "otel_gpu.collective", "other"]
 METRICS = ["gpu.row_remap.failure", "gpu.pcie.replay", "gpu.nvlink.errors", "gpu.xid.errors", "gpu.clock_event.active",
-           "hw.errors", "gpu.process.memory.usage", "nic.ib.errors", "nic.eth.errors", "nic.ib.port.up", "nic.eth.up",
-           "gpu.other"]
+           "hw.errors", "gpu.process.memory.usage", "hw.network.up", "otel_gpu.nic.errors.rate", "gpu.other"]
 RESOURCE_KEYS = ["training.job.id", "training.rank", "host.name", "process.pid", "training.local_rank",
                  "training.world_size", "gpu.index", "training.restart_count", "service.name"]
 ATTR_KEYS = RESOURCE_KEYS + ["training.step", "training.step.collective_time", "training.step.data_time",
                              "training.step.checkpoint_time", "exception.type", "exception.message", "exception.hint",
                              "exception.stacktrace", "process.exit.signal", "process.exit.code", "gpu.xid.code",
-                             "gpu.clock_event.reason", "error.type", "gpu.ecc.counter", "nic.device", "nic.port",
-                             "nic.counter", "hw.id", "gpu.pci.bus_id", "event.name"]
+                             "gpu.clock_event.reason", "error.type", "gpu.ecc.counter", "hw.name", "nic.port",
+                             "nic.kind", "nic.counter", "hw.type", "hw.id", "gpu.pci.bus_id", "event.name"]
 BODY_KEYS = ["step", "state", "inflight", "kind", "op", "pg", "seq", "since", "bytes", "last_seq", "last_started_seq",
              "stack_top", "user_top", "stalled_s", "threads", "main", "frames", "top", "job_id", "onset_time",
              "detected_time", "signature", "root_cause", "rank", "file", "line", "function", "0", "1"]
@@ -76,27 +75,7 @@ _json = st.recursive(_json_scalar, lambda inner: st.lists(inner, max_size=3)
                      | st.dictionaries(st.sampled_from(BODY_KEYS), inner, max_size=5), max_leaves=16)
 
 
-def _set(any_value, v) -> None:
-    if v is None:
-        return
-    if isinstance(v, bool):
-        any_value.bool_value = v
-    elif isinstance(v, int):
-        any_value.int_value = v
-    elif isinstance(v, float):
-        any_value.double_value = v
-    elif isinstance(v, str):
-        any_value.string_value = v
-    elif isinstance(v, bytes):
-        any_value.bytes_value = v
-    elif isinstance(v, list):
-        any_value.array_value.SetInParent()
-        for item in v:
-            _set(any_value.array_value.values.add(), item)
-    else:
-        any_value.kvlist_value.SetInParent()
-        for key, item in v.items():
-            _set(any_value.kvlist_value.values.add(key=key).value, item)
+_set = set_any  # the product's own conversion (otel_gpu.pdata)
 
 
 def _attrs(target, pairs) -> None:
@@ -217,7 +196,7 @@ def _host(cid: str) -> ComponentHost:
 
 @pytest.fixture(scope="module")
 def attribution():
-    proc = ATTRIBUTION.create(build(ATTRIBUTION.config_class, {"tick_interval_s": 3600}, "processors.attribution"),
+    proc = ATTRIBUTION.create(build(ATTRIBUTION.config_class, {"tick_interval": "1h"}, "processors.attribution"),
                               _host("attribution"))
     yield proc
     proc.shutdown(1)
@@ -225,7 +204,7 @@ def attribution():
 
 @pytest.fixture(scope="module")
 def goodput():
-    proc = GOODPUT.create(build(GOODPUT.config_class, {"report_interval_s": 3600}, "processors.goodput"),
+    proc = GOODPUT.create(build(GOODPUT.config_class, {"report_interval": "1h"}, "processors.goodput"),
                           _host("goodput"))
     yield proc
     proc.shutdown(1)
@@ -266,7 +245,7 @@ DEEP = (100, 5000)
 
 
 def test_store_exporter_takes_hostile_batches_and_still_writes_the_valid_ones(tmp_path, errors):
-    store = STORE.create(build(STORE.config_class, {"path": str(tmp_path), "flush_interval_s": 0.05},
+    store = STORE.create(build(STORE.config_class, {"path": str(tmp_path), "flush_interval": "50ms"},
                                "exporters.store"), _host("store"))
     store.start()
     examples: list[Batch] = []

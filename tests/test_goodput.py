@@ -1,9 +1,14 @@
 """Goodput accounting: where a job's wall time went."""
 from __future__ import annotations
 
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
 from otel_gpu.processors.goodput._ledger import JobLedger
 
 T0 = 1_700_000_000.0
+# Shrinking a failing timeline can take minutes; the failing example is printed either way.
+_NO_LONG_SHRINK = (Phase.explicit, Phase.reuse, Phase.generate)
 
 
 def test_startup_steps_checkpoint_slowdown_and_hang_add_up_to_wall_time():
@@ -42,3 +47,106 @@ def test_restart_gap_is_counted_once_per_new_incarnation():
     job.touch(T0 + 31.5, 1)  # the restarted ranks report 30 s later
     assert abs(job.summary()["badput_s"]["restart_gap"] - 30.0) < 1e-6
     assert job.summary()["restarts"] == 1
+
+
+def test_one_checkpoint_saved_by_eight_ranks_counts_once_inside_a_step_or_between_steps():
+    for inside in (True, False):
+        job = JobLedger("j", T0, T0)
+        t = T0
+        for step in range(4):
+            ckpt = 5.0 if (inside and step == 2) else 0.0
+            for rank in range(8):  # every rank reports the same step; the job counts it once
+                job.touch(t + 1.0 + ckpt, 0)
+                job.step(step, t, t + 1.0 + ckpt, 0.0, ckpt, 1.2)
+            if ckpt:
+                for rank in range(8):  # and every rank's checkpoint span, inside that step
+                    job.checkpoint("save", t + 1.0, t + 6.0)
+            t += 1.0 + ckpt
+            if step == 1 and not inside:
+                for rank in range(8):
+                    job.checkpoint("save", t, t + 5.0)
+                t += 5.0
+                job.touch(t, 0)
+        s = job.summary()
+        assert s["badput_s"]["checkpoint_save"] == 5.0, (inside, s)
+        assert abs(s["productive_time_s"] - 4.0) < 1e-6
+        assert abs(s["productive_time_s"] + sum(s["badput_s"].values()) - s["wall_time_s"]) < 1e-6
+
+
+@st.composite
+def _timelines(draw):
+    """A job: incarnations of steps (some with data and checkpoint time), checkpoint spans from every rank (inside a
+    step or between steps), restores at start-up, failures (revised, withdrawn), restarts; events in time order,
+    ranks in any order."""
+    ranks = draw(st.integers(1, 8))
+    events, t = [], T0
+    for inc in range(draw(st.integers(1, 3))):
+        t += draw(st.floats(0.0, 20.0))
+        events.append(("touch", t, inc))
+        if draw(st.booleans()):
+            d = draw(st.floats(0.1, 5.0))
+            for _ in range(ranks):
+                events.append(("ckpt", "load", t, t + d, inc))
+            t += d
+        t += draw(st.floats(0.0, 10.0))
+        fid = 0
+        for step in range(draw(st.integers(0, 25))):
+            d = draw(st.floats(0.05, 3.0))
+            data = draw(st.floats(0.0, 1.0)) * d * 0.5
+            ckpt = draw(st.sampled_from([0.0, 0.0, 0.0, 0.3])) * d
+            jitter = [draw(st.floats(0.0, 0.02)) for _ in range(ranks)]
+            for r in draw(st.permutations(range(ranks))):
+                events.append(("step", step, t + jitter[r], t + d + jitter[r], data, ckpt, inc))
+            if ckpt:
+                for r in range(ranks):
+                    events.append(("ckpt", "save", t + d - ckpt, t + d, inc))
+            t += d + max(jitter)
+            if draw(st.integers(0, 9)) == 0:  # a save between steps
+                c = draw(st.floats(0.1, 4.0))
+                for r in range(ranks):
+                    events.append(("ckpt", "save", t, t + c, inc))
+                t += c
+            t += draw(st.floats(0.0, 0.5))
+            if draw(st.integers(0, 14)) == 0:
+                fid += 1
+                kind = draw(st.sampled_from(["hang", "crash", "slowdown"]))
+                name = f"{inc}-{fid}"
+                events.append(("failure", kind, t - 0.5, t + 2.0, name, False))
+                if draw(st.booleans()):
+                    events.append(("failure", kind, t - 0.5, t + 3.0, name, False))  # a revision
+                if kind == "hang" and draw(st.booleans()):
+                    events.append(("failure", kind, t - 0.5, t + 4.0, name, True))  # withdrawn
+        t += draw(st.floats(0.0, 10.0))
+        events.append(("touch", t, inc))
+    return events
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow], phases=_NO_LONG_SHRINK)
+@given(_timelines())
+def test_buckets_and_productive_time_add_up_to_wall_time_per_job_and_per_incarnation(events):
+    job = JobLedger("j", events[0][1], events[0][1])
+    for e in events:
+        if e[0] == "touch":
+            job.touch(e[1], e[2])
+        elif e[0] == "step":
+            _, step, start, end, data, ckpt, inc = e
+            job.touch(start, inc)
+            job.touch(end, inc)
+            job.step(step, start, end, data, ckpt, 1.2, restart_count=inc)
+        elif e[0] == "ckpt":
+            _, kind, start, end, inc = e
+            job.touch(start, inc)
+            job.touch(end, inc)
+            job.checkpoint(kind, start, end, restart_count=inc)
+        else:
+            _, kind, onset, detected, fid, withdrawn = e
+            job.failure(kind, onset, detected, failure_id=fid, withdrawn=withdrawn)
+    s = job.summary()
+    assert all(v >= -1e-6 for v in s["badput_s"].values()), s
+    assert s["productive_time_s"] >= -1e-6
+    assert abs(s["productive_time_s"] + sum(s["badput_s"].values()) - s["wall_time_s"]) < 0.02, s
+    assert abs(sum(i["wall_time_s"] for i in s["incarnations"]) - s["wall_time_s"]) < 0.02, s
+    for inc in s["incarnations"]:
+        assert all(v >= -1e-6 for v in inc["badput_s"].values()), inc
+        assert abs(inc["productive_time_s"] + sum(inc["badput_s"].values()) - inc["wall_time_s"]) < 0.02, inc
+    assert s["ettr"] is None or 0.0 <= s["ettr"] <= 1.0

@@ -37,7 +37,7 @@ FULL_VALUES: dict[str, Any] = {
         "extraEnv": [{"name": "OTEL_GPU_EXTRA", "value": "1"}],
     },
     "nvidia": {"runtimeClassName": "nvidia"},
-    "trainingEnv": {"namespaces": ["team-a", "team-b"], "extra": {"OTEL_GPU_WATCHDOG_S": 30}},
+    "trainingEnv": {"namespaces": ["team-a", "team-b"], "extra": {"OTEL_GPU_STACK_AFTER_S": 30}},
     "commonLabels": {"team": "ml-infra"},
 }
 
@@ -267,17 +267,17 @@ def test_full_values_reach_the_manifests():
 
 def test_backend_without_aggregator_is_fed_by_the_agent():
     manifests, _ = render({"backend": {"otlp": {"endpoint": "jaeger-collector.tracing.svc:4317",
-                                                "settings": {"timeout_s": 5}}}})
+                                                "settings": {"timeout": "5s"}}}})
     cfg = _agent_config(manifests)
-    assert cfg["exporters"]["otlp/backend"] == {"endpoint": "jaeger-collector.tracing.svc:4317", "timeout_s": 5}
+    assert cfg["exporters"]["otlp/backend"] == {"endpoint": "jaeger-collector.tracing.svc:4317", "timeout": "5s"}
     assert cfg["service"]["pipelines"]["traces"]["exporters"] == ["store", "otlp/backend"]
 
 
 def test_agent_config_overlay_merges_maps_and_replaces_lists():
-    manifests, _ = render({"agent": {"config": {"receivers": {"nvml": {"interval_s": 2}},
+    manifests, _ = render({"agent": {"config": {"receivers": {"nvml": {"interval": "2s"}},
                                                 "service": {"telemetry": {"logs": {"level": "debug"}}}}}})
     cfg = _agent_config(manifests)
-    assert cfg["receivers"]["nvml"] == {"interval_s": 2, "host_name": "${env:NODE_NAME}"}
+    assert cfg["receivers"]["nvml"] == {"interval": "2s", "host_name": "${env:NODE_NAME}"}
     assert cfg["receivers"]["otlp"]["grpc"]["endpoint"] == "0.0.0.0:4317"  # untouched keys stay
     assert cfg["service"]["telemetry"]["logs"]["level"] == "debug"
     assert cfg["service"]["pipelines"]["metrics"]["exporters"] == ["prometheus", "store"]
@@ -293,7 +293,7 @@ def test_agent_service_keeps_traffic_on_the_node_and_training_env_points_at_it()
     for env in envs:
         assert env["data"]["OTEL_EXPORTER_OTLP_ENDPOINT"] == f"http://{RELEASE}-otel-gpu-agent.{NAMESPACE}.svc:{grpc_port}"
         assert env["data"]["OTEL_EXPORTER_OTLP_PROTOCOL"] == "grpc"
-        assert env["data"]["OTEL_GPU_WATCHDOG_S"] == "30"
+        assert env["data"]["OTEL_GPU_STACK_AFTER_S"] == "30"
     for needle in (f"{RELEASE}-otel-gpu-training-env", "OTEL_GPU_JOB_ID", "OTEL_SERVICE_NAME", "otel-gpu run"):
         assert needle in notes
     http = render({"trainingEnv": {"protocol": "http/protobuf"}})[0]
@@ -326,3 +326,156 @@ def test_bad_values_are_refused_by_the_schema():
         with pytest.raises(helm.HelmError, match="source"):
             chart.render({"agent": {"receivers": {"xid": {"enabled": True, "source": "journal"}}}},
                          name=RELEASE, namespace=NAMESPACE)
+
+
+# -- works as shipped: attribution and goodput, processors, environment, schema ----------------------------------------
+def _configs(manifests: list[dict]) -> dict[str, dict]:
+    return {cm["metadata"]["name"]: yaml.safe_load(cm["data"]["config.yaml"])
+            for cm in find(manifests, "ConfigMap") if "config.yaml" in cm.get("data", {})}
+
+
+def test_default_agent_runs_attribution_and_goodput(monkeypatch):
+    """Installed as it is, the agent analyzes: otel-gpu report has failures and goodput to show."""
+    monkeypatch.setenv("NODE_NAME", "gpu-node-1")
+    manifests, notes = render({})
+    cfg = _agent_config(manifests)
+    for signal in ("traces", "metrics", "logs"):
+        assert cfg["service"]["pipelines"][signal]["processors"] == ["memory_limiter", "attribution", "goodput"]
+    assert cfg["processors"]["attribution"] == {} and cfg["processors"]["goodput"] == {}
+    loaded = load_text(yaml.safe_dump(cfg), "default agent")
+    assert {spec.type for spec in loaded.components.values()} >= {"memory_limiter", "attribution", "goodput"}
+    assert "otel-gpu report --store /var/lib/otel-gpu" in notes and "each agent runs attribution" in notes
+
+
+def test_with_the_aggregator_the_agents_forward_and_it_analyzes(monkeypatch):
+    monkeypatch.setenv("NODE_NAME", "gpu-node-1")
+    manifests, notes = render({"aggregator": {"enabled": True}, "attribution": {"settings": {"slowdown_ratio": 2.0}}})
+    configs = _configs(manifests)
+    agent, agg = configs[f"{RELEASE}-otel-gpu-agent"], configs[f"{RELEASE}-otel-gpu-aggregator"]
+    for signal in ("traces", "metrics", "logs"):
+        assert agent["service"]["pipelines"][signal]["processors"] == ["memory_limiter"]
+        assert "otlp/aggregator" in agent["service"]["pipelines"][signal]["exporters"]
+        assert agg["service"]["pipelines"][signal]["processors"] == ["memory_limiter", "attribution", "goodput"]
+    assert "attribution" not in agent["processors"] and agg["processors"]["attribution"] == {"slowdown_ratio": 2.0}
+    for name, cfg in configs.items():
+        load_text(yaml.safe_dump(cfg), name)
+    assert f"exec deploy/{RELEASE}-otel-gpu-aggregator -- otel-gpu report" in notes
+
+
+def test_analysis_can_be_turned_off_and_notes_say_so():
+    manifests, notes = render({"attribution": {"enabled": False}, "goodput": {"enabled": False},
+                               "memoryLimiter": {"enabled": False}})
+    cfg = _agent_config(manifests)
+    assert all("processors" not in p for p in cfg["service"]["pipelines"].values()) and not cfg["processors"]
+    assert "Attribution and goodput are off" in notes
+
+
+def test_extra_processors_come_after_the_built_in_ones(monkeypatch):
+    monkeypatch.setenv("NODE_NAME", "gpu-node-1")
+    extra = [{"name": "compact", "settings": {"job_id": "j-1"}}]
+    manifests, _ = render({"agent": {"extraProcessors": extra}, "aggregator": {"enabled": False}})
+    cfg = _agent_config(manifests)
+    for pipeline in cfg["service"]["pipelines"].values():
+        assert pipeline["processors"] == ["memory_limiter", "attribution", "goodput", "compact"]
+    assert cfg["processors"]["compact"] == {"job_id": "j-1"}
+    load_text(yaml.safe_dump(cfg), "agent with extraProcessors")
+    with helm.Chart.load(str(CHART)) as chart:
+        with pytest.raises(helm.HelmError, match="memory_limiter is already in every pipeline"):
+            chart.render({"agent": {"extraProcessors": [{"name": "memory_limiter"}]}}, name=RELEASE,
+                         namespace=NAMESPACE)
+
+
+def test_readme_examples_that_add_processors_keep_the_memory_limiter(monkeypatch):
+    """Every example of the README's "Adding processors" renders to pipelines that start with memory_limiter and
+    still run attribution and goodput."""
+    from otel_gpu.collector.registry import known_types
+
+    monkeypatch.setenv("NODE_NAME", "gpu-node-1")
+    text = (CHART / "README.md").read_text(encoding="utf-8")
+    part = text.split("### Adding processors", 1)[1].split("\n## ", 1)[0]
+    examples = [yaml.safe_load(block.split("```", 1)[0]) for block in part.split("```yaml\n")[1:]]
+    assert len(examples) >= 2
+    known = known_types("processor")
+    for values in examples:
+        cfg = _agent_config(render(values)[0])
+        for name, pipeline in cfg["service"]["pipelines"].items():
+            assert pipeline["processors"][0] == "memory_limiter", (values, name)
+            assert "goodput" in pipeline["processors"], (values, name)
+        # batch is the Collector's processor; it is registered where this branch meets the config work (issue 13)
+        cfg["processors"] = {k: v for k, v in cfg["processors"].items() if k.split("/")[0] in known}
+        for pipeline in cfg["service"]["pipelines"].values():
+            pipeline["processors"] = [p for p in pipeline["processors"] if p in cfg["processors"]]
+        load_text(yaml.safe_dump(cfg), "README example")
+
+
+# The container runtime, not otel-gpu, reads these: the NVIDIA container toolkit mounts the GPUs and libnvidia-ml.
+RUNTIME_ENV = {"NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES"}
+
+
+def _source_text() -> str:
+    root = CHART.parents[1]
+    return "\n".join(p.read_text(encoding="utf-8") for folder in ("otel_gpu", "receivers", "processors")
+                     for p in (root / folder).rglob("*.py"))
+
+
+def test_the_chart_sets_only_environment_variables_that_are_read():
+    """Each variable in an otel-gpu container is read by the collector config (${env:X}), by otel-gpu's code, or by
+    the NVIDIA runtime; each variable of the training-env ConfigMap is one the instrumentation reads."""
+    source = _source_text()
+    for label, values in VALUE_SETS.items():
+        manifests, _ = render(values)
+        configs = "\n".join(cm["data"]["config.yaml"] for cm in find(manifests, "ConfigMap")
+                            if "config.yaml" in cm.get("data", {}))
+        user_set = {e["name"] for part in ("agent", "aggregator")
+                    for e in values.get(part, {}).get("extraEnv", [])}
+        for w in find(manifests, "DaemonSet") + find(manifests, "Deployment"):
+            for container in w["spec"]["template"]["spec"]["containers"]:
+                for env in container.get("env", []):
+                    name = env["name"]
+                    if name in user_set or name in RUNTIME_ENV:
+                        continue
+                    assert f"${{env:{name}}}" in configs or f'"{name}"' in source, \
+                        f"{label}: {w['metadata']['name']} sets {name}, which nothing reads"
+        user_extra = set(values.get("trainingEnv", {}).get("extra", {}))
+        for cm in find(manifests, "ConfigMap", f"{RELEASE}-otel-gpu-training-env"):
+            for name in set(cm["data"]) - user_extra:
+                assert f'"{name}"' in source, f"{label}: the training-env ConfigMap sets {name}, which nothing reads"
+
+
+@pytest.mark.parametrize("values,key", [
+    ({"agnet": {"enabled": True}}, "agnet"),
+    ({"image": {"tags": "1"}}, "tags"),
+    ({"agent": {"receivers": {"nvml": {"setings": {}}}}}, "setings"),
+    ({"aggregator": {"security": {"tls": "x"}}}, "tls"),
+    ({"attribution": {"enable": False}}, "enable"),
+    ({"agent": {"resources": {"limit": {"cpu": "1"}}}}, "limit"),
+    ({"agent": {"extraProcessors": [{"name": "batch", "setting": {}}]}}, "setting"),
+    ({"serviceMonitor": {"intervals": "5s"}}, "intervals"),
+])
+def test_values_schema_refuses_unknown_keys(values, key):
+    with helm.Chart.load(str(CHART)) as chart:
+        with pytest.raises(helm.HelmError, match=key):
+            chart.render(values, name=RELEASE, namespace=NAMESPACE)
+
+
+def test_values_schema_closes_every_object_of_the_chart():
+    """additionalProperties is false on every object the chart defines; only maps passed on as they are stay open
+    (collector settings/config, which otel-gpu's validator checks; Kubernetes objects, which the API server checks)."""
+    import json
+
+    schema = json.loads((CHART / "values.schema.json").read_text(encoding="utf-8"))
+    passthrough = {"settings", "config", "podSecurityContext", "securityContext", "affinity", "global"}
+    open_paths = []
+
+    def walk(node: dict, path: str) -> None:
+        if node.get("type") == "object" or "properties" in node:
+            if node.get("additionalProperties", True) is True and path.rsplit(".", 1)[-1] not in passthrough:
+                open_paths.append(path or "<root>")
+        for key, child in node.get("properties", {}).items():
+            walk(child, f"{path}.{key}" if path else key)
+        if isinstance(node.get("items"), dict):
+            walk(node["items"], f"{path}[]")
+
+    walk(schema, "")
+    assert not open_paths, f"objects that accept unknown keys: {open_paths}"
+    render({"global": {"imageRegistry": "r"}})  # a parent chart's globals are allowed

@@ -294,7 +294,7 @@ def test_otel_gpu_run_on_an_unmodified_script_and_a_clean_exit():
     assert len(seen.collectives(0, "python")) >= 8 and len(seen.collectives(1, "python")) >= 8
     exits = _exits(seen)
     assert exits[0]["code"] == 0 and exits[1]["code"] == 0
-    assert "ended:" not in seen.proc.stderr, [l for l in seen.proc.stderr.splitlines() if "ended:" in l]
+    assert "ended:" not in seen.proc.stderr, [line for line in seen.proc.stderr.splitlines() if "ended:" in line]
 
 
 def test_instrument_uninstrument_reinstrument():

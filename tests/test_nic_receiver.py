@@ -8,7 +8,6 @@ import time
 import pytest
 import yaml
 
-from otel_gpu.collector import registry
 from otel_gpu.collector.config import load_text
 from otel_gpu.collector.runtime import Collector
 from otel_gpu.component import ComponentHost
@@ -21,9 +20,7 @@ from otel_gpu.schema import REGISTRY
 from otel_gpu.testing.fake_sysfs import FakeSysfs
 
 
-@pytest.fixture(autouse=True)
-def _capture_exporter(monkeypatch):
-    monkeypatch.setitem(registry.BUILTIN["exporter"], "capture", "otel_gpu.testing.capture")
+pytestmark = pytest.mark.usefixtures("capture_exporter")
 
 
 def _yaml(settings: dict) -> str:
@@ -64,39 +61,41 @@ class _Run:
 
 
 def _run(fs: FakeSysfs, **settings) -> _Run:
-    return _Run({"sysfs_root": str(fs.root), "interval_s": 0.05, "host_name": "node-a", **settings})
+    return _Run({"sysfs_root": str(fs.root), "interval": "50ms", "host_name": "node-a", **settings})
 
 
 def test_ib_and_ethernet_counters_are_exported_in_bytes_with_attributes(fs):
-    ib = {"nic.device": "mlx5_0", "nic.port": 1, "hw.type": "network"}
+    ib = {"hw.id": "mlx5_0:1", "hw.name": "mlx5_0", "nic.port": 1, "nic.kind": "infiniband", "hw.type": "network"}
     with _run(fs) as run:
-        run.exporter.wait_for(lambda e: run.latest("nic.ib.io.rate", **ib))
+        run.exporter.wait_for(lambda e: run.latest("otel_gpu.nic.io.rate", **ib))
         fs.add_ib("mlx5_0", 1, "port_xmit_data", 1000)  # 1000 four-byte words
         fs.add_ib("mlx5_0", 1, "symbol_error", 7)
         fs.add_ib("mlx5_0", 1, "out_of_buffer", 2)
         fs.add_net_stat("eth0", "rx_bytes", 5000)
-        run.exporter.wait_for(lambda e: run.value("nic.ib.io", **ib, **{"network.io.direction": "transmit"}) == 4000
-                              and run.value("nic.eth.io", **{"nic.device": "eth0", "network.io.direction": "receive"})
+        run.exporter.wait_for(lambda e: run.value("hw.network.io", **ib, **{"network.io.direction": "transmit"}) == 4000
+                              and run.value("hw.network.io", **{"hw.name": "eth0", "network.io.direction": "receive"})
                               == 5000)
-        m, dp, attrs, resource = run.latest("nic.ib.io", **ib, **{"network.io.direction": "transmit"})
+        m, dp, attrs, resource = run.latest("hw.network.io", **ib, **{"network.io.direction": "transmit"})
         assert (m.unit, m.sum.is_monotonic, resource) == ("By", True, {"host.name": "node-a"})
         assert attrs == {**ib, "network.io.direction": "transmit"}
-        assert run.value("nic.ib.errors", **ib, **{"nic.counter": "symbol_error"}) == 7
-        assert run.value("nic.ib.errors", **ib, **{"nic.counter": "link_downed"}) == 0
-        assert run.value("nic.ib.hw_counters", **ib, **{"nic.counter": "out_of_buffer"}) == 2
+        assert run.value("hw.errors", **ib, **{"error.type": "symbol_error"}) == 7
+        assert run.value("hw.errors", **ib, **{"error.type": "link_downed"}) == 0
+        assert run.value("otel_gpu.nic.ib.hw_counters", **ib, **{"nic.counter": "out_of_buffer"}) == 2
         # Only the chosen hw_counters; packet-type counters are not errors.
-        assert run.latest("nic.ib.hw_counters", **{"nic.counter": "rx_read_requests"}) is None
-        assert run.latest("nic.ib.errors", **{"nic.counter": "unicast_xmit_packets"}) is None
-        assert run.value("nic.ib.port.state", **ib) == 4 and run.value("nic.ib.port.phys_state", **ib) == 5
-        assert run.value("nic.ib.port.up", **ib) == 1
-        assert run.value("nic.ib.port.rate", **ib) == 400e9 / 8
-        eth = {"nic.device": "eth0", "hw.type": "network"}
-        assert run.value("nic.eth.up", **eth) == 1 and run.value("nic.eth.speed", **eth) == 100000 * 1e6 / 8
-        assert run.latest("nic.eth.up", **{"nic.device": "lo"}) is None
-        assert run.latest("nic.eth.up", **{"nic.device": "veth1234"}) is None
+        assert run.latest("otel_gpu.nic.ib.hw_counters", **{"nic.counter": "rx_read_requests"}) is None
+        assert run.latest("hw.errors", **{"error.type": "unicast_xmit_packets"}) is None
+        assert run.value("otel_gpu.nic.ib.port.state", **ib) == 4
+        assert run.value("otel_gpu.nic.ib.port.phys_state", **ib) == 5
+        assert run.value("hw.network.up", **ib) == 1
+        assert run.value("hw.network.bandwidth.limit", **ib) == 400e9 / 8
+        eth = {"hw.id": "eth0", "hw.name": "eth0", "nic.kind": "ethernet", "hw.type": "network"}
+        assert run.value("hw.network.up", **eth) == 1
+        assert run.value("hw.network.bandwidth.limit", **eth) == 100000 * 1e6 / 8
+        assert run.latest("hw.network.up", **{"hw.name": "lo"}) is None
+        assert run.latest("hw.network.up", **{"hw.name": "veth1234"}) is None
         # A rate was seen for the 4000 bytes, and it is in bytes per second.
-        rates = [dp.as_double for _, dp, a, _ in run.exporter.points("nic.ib.io.rate")
-                 if a["nic.device"] == "mlx5_0" and a["network.io.direction"] == "transmit"]
+        rates = [dp.as_double for _, dp, a, _ in run.exporter.points("otel_gpu.nic.io.rate")
+                 if a["hw.name"] == "mlx5_0" and a["network.io.direction"] == "transmit"]
         assert max(rates) > 4000 and all(r >= 0 for r in rates)
         for m, _, attrs, _ in run.exporter.points():
             assert m.unit == REGISTRY.metrics[m.name].unit
@@ -113,38 +112,39 @@ def test_rates_are_exact_per_second_and_survive_a_reset_and_a_32_bit_wrap(fs):
         t[0] += advance_s
         out = {}
         for m, dp, attrs in iter_points(receiver.poll()):
-            if attrs.get("nic.device") == "mlx5_0" and attrs.get("network.io.direction", "") in ("transmit", ""):
-                key = (m.name, attrs.get("nic.counter"))
+            if attrs.get("hw.name") == "mlx5_0" and attrs.get("network.io.direction", "") in ("transmit", ""):
+                key = (m.name, attrs.get("error.type", attrs.get("nic.counter")))
                 out[key] = (dp.as_double if dp.WhichOneof("value") == "as_double" else dp.as_int,
                             dp.start_time_unix_nano)
         return out
 
     fs.set_ib("mlx5_0", 1, "port_xmit_data", 1_000_000)
     first = poll(0)
-    assert ("nic.ib.io.rate", None) not in first  # no rate from a single reading
+    assert ("otel_gpu.nic.io.rate", None) not in first  # no rate from a single reading
     fs.add_ib("mlx5_0", 1, "port_xmit_data", 250_000)  # 1 MB in 2 s
     fs.add_ib("mlx5_0", 1, "link_error_recovery", 3)
     second = poll(2.0)
-    assert second[("nic.ib.io.rate", None)][0] == 500_000.0
-    assert second[("nic.ib.errors.rate", "link_error_recovery")][0] == 1.5
-    assert second[("nic.ib.io", None)][0] == 5_000_000
-    start = second[("nic.ib.io", None)][1]
+    assert second[("otel_gpu.nic.io.rate", None)][0] == 500_000.0
+    assert second[("otel_gpu.nic.errors.rate", "link_error_recovery")][0] == 1.5
+    assert second[("hw.network.io", None)][0] == 5_000_000
+    start = second[("hw.network.io", None)][1]
     # Driver reload: every counter back to 0, then some traffic. No negative rate; a new baseline and start time.
     fs.reset_ib("mlx5_0", 1)
     fs.set_ib("mlx5_0", 1, "port_xmit_data", 100)
     third = poll(1.0)
-    assert ("nic.ib.io.rate", None) not in third and ("nic.ib.errors.rate", "link_error_recovery") not in third
-    assert third[("nic.ib.io", None)][0] == 400 and third[("nic.ib.io", None)][1] > start
+    assert ("otel_gpu.nic.io.rate", None) not in third
+    assert ("otel_gpu.nic.errors.rate", "link_error_recovery") not in third
+    assert third[("hw.network.io", None)][0] == 400 and third[("hw.network.io", None)][1] > start
     fs.add_ib("mlx5_0", 1, "port_xmit_data", 1000)
     fourth = poll(1.0)
-    assert fourth[("nic.ib.io.rate", None)][0] == 4000.0
+    assert fourth[("otel_gpu.nic.io.rate", None)][0] == 4000.0
     # A 32-bit counter wrapping: the increment is counted through the wrap, cumulative keeps growing.
     fs.set_ib("mlx5_0", 1, "symbol_error", (1 << 32) - 10)
     poll(1.0)
     fs.set_ib("mlx5_0", 1, "symbol_error", 5)
     wrapped = poll(1.0)
-    assert wrapped[("nic.ib.errors.rate", "symbol_error")][0] == 15.0
-    assert wrapped[("nic.ib.errors", "symbol_error")][0] == (1 << 32) + 5
+    assert wrapped[("otel_gpu.nic.errors.rate", "symbol_error")][0] == 15.0
+    assert wrapped[("hw.errors", "symbol_error")][0] == (1 << 32) + 5
 
 
 def test_counter_tracker_never_gives_a_negative_rate():
@@ -157,21 +157,22 @@ def test_counter_tracker_never_gives_a_negative_rate():
 
 
 def test_link_down_is_reported_and_logged_once_per_transition(fs, caplog):
-    ib = {"nic.device": "mlx5_1", "nic.port": 1}
+    ib = {"hw.name": "mlx5_1", "nic.port": 1}
     with caplog.at_level(logging.INFO, logger="otel_gpu.receivers.nic.receiver"):
         with _run(fs) as run:
-            run.exporter.wait_for(lambda e: run.value("nic.ib.port.up", **ib) == 1)
+            run.exporter.wait_for(lambda e: run.value("hw.network.up", **ib) == 1)
             fs.set_ib_link("mlx5_1", 1, False)
             fs.set_net_link("eth0", False)
-            run.exporter.wait_for(lambda e: run.value("nic.ib.port.up", **ib) == 0
-                                  and run.value("nic.eth.up", **{"nic.device": "eth0"}) == 0)
-            assert run.value("nic.ib.port.state", **ib) == 1 and run.value("nic.ib.port.phys_state", **ib) == 3
-            run.exporter.wait_for(lambda e: run.value("nic.ib.errors", **ib, **{"nic.counter": "link_downed"}) == 1)
-            run.exporter.wait_for(lambda e: run.value("nic.eth.errors", **{"nic.device": "eth0",
-                                                                           "nic.counter": "carrier_changes"}) == 2)
+            run.exporter.wait_for(lambda e: run.value("hw.network.up", **ib) == 0
+                                  and run.value("hw.network.up", **{"hw.name": "eth0"}) == 0)
+            assert run.value("otel_gpu.nic.ib.port.state", **ib) == 1
+            assert run.value("otel_gpu.nic.ib.port.phys_state", **ib) == 3
+            run.exporter.wait_for(lambda e: run.value("hw.errors", **ib, **{"error.type": "link_downed"}) == 1)
+            run.exporter.wait_for(lambda e: run.value("hw.errors", **{"hw.name": "eth0",
+                                                                           "error.type": "carrier_changes"}) == 2)
             n = len(run.exporter.batches)
             run.exporter.wait_for(lambda e: len(e.batches) >= n + 3)
-            assert run.value("nic.ib.port.up", **{"nic.device": "mlx5_0", "nic.port": 1}) == 1
+            assert run.value("hw.network.up", **{"hw.name": "mlx5_0", "nic.port": 1}) == 1
     downs = [r.getMessage() for r in caplog.records if "is DOWN" in r.getMessage()]
     assert len(downs) == 2 and any("mlx5_1 port 1 is DOWN (state 1: DOWN, phys_state 3: Disabled)" in d
                                    for d in downs), downs
@@ -182,11 +183,11 @@ def test_scenario_timeline_drives_symbol_errors_and_rates(tmp_path):
         "infiniband": {"mlx5_0": {"ports": {1: {"rates": {"port_rcv_data": 4.0e6}}}}},
         "timeline": [{"at_s": 0.2, "ib": "mlx5_0/1", "add": {"symbol_error": 250}}]}).start(0.02)
     try:
-        ib = {"nic.device": "mlx5_0", "nic.port": 1}
+        ib = {"hw.name": "mlx5_0", "nic.port": 1}
         with _run(fs, ethernet=False) as run:
-            run.exporter.wait_for(lambda e: run.value("nic.ib.errors", **ib, **{"nic.counter": "symbol_error"})
+            run.exporter.wait_for(lambda e: run.value("hw.errors", **ib, **{"error.type": "symbol_error"})
                                   == 250, timeout_s=5)
-            rates = [dp.as_double for _, dp, a, _ in run.exporter.points("nic.ib.io.rate")
+            rates = [dp.as_double for _, dp, a, _ in run.exporter.points("otel_gpu.nic.io.rate")
                      if a.get("network.io.direction") == "receive"][-5:]
             assert rates and all(1.0e6 < r < 1.6e7 for r in rates), rates  # ~4 MB/s, sampled every 0.05 s
     finally:
@@ -195,15 +196,15 @@ def test_scenario_timeline_drives_symbol_errors_and_rates(tmp_path):
 
 def test_missing_sysfs_root_is_said_once_and_the_collector_runs_on(tmp_path, caplog):
     with caplog.at_level(logging.INFO):
-        with _Run({"sysfs_root": str(tmp_path / "nope"), "interval_s": 0.05, "rescan_interval_s": 0.05}) as run:
+        with _Run({"sysfs_root": str(tmp_path / "nope"), "interval": "50ms", "rescan_interval": "50ms"}) as run:
             time.sleep(0.3)
             assert run.exporter.of(Signal.METRICS) == []
     assert sum("does not exist" in r.getMessage() for r in caplog.records) == 1
 
 
 @pytest.mark.parametrize("settings, message", [
-    ({"interval_s": 0}, "receivers.nic.interval_s must be > 0 (got 0.0)"),
-    ({"rescan_interval_s": -1}, "receivers.nic.rescan_interval_s must be > 0"),
+    ({"interval": "0s"}, "receivers.nic.interval must be > 0 (got 0.0)"),
+    ({"rescan_interval": "-1s"}, "receivers.nic.rescan_interval must be > 0"),
     ({"sysfs_root": ""}, "receivers.nic.sysfs_root must not be empty"),
     ({"infiniband": False, "ethernet": False}, "receivers.nic.infiniband: and ethernet: are both false"),
     ({"hw_counters": "out_of_buffer"}, "receivers.nic.hw_counters: expected a list"),
@@ -213,3 +214,39 @@ def test_config_errors_name_the_key(settings, message):
     with pytest.raises(ConfigError) as info:
         load_text(_yaml(settings))
     assert message in str(info.value)
+
+
+def test_attribution_reads_the_nic_names_hw_errors_split_by_hw_type(fs):
+    """NIC errors share hw.errors with the GPUs' ECC errors (semconv): the attribution processor still gets each port's
+    error counters (by error.type) and link state, and no GPU point becomes a port."""
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+
+    from otel_gpu.processors.attribution import AttributionProcessor
+    from otel_gpu.processors.attribution.config import AttributionConfig
+    from otel_gpu.schema import gpu as G
+
+    cfg = build(NicReceiverConfig, {"sysfs_root": str(fs.root), "host_name": "node-a"}, "receivers.nic")
+    receiver = NicReceiver(cfg, ComponentHost("nic", PrometheusSelfTelemetry()))
+    fs.add_ib("mlx5_0", 1, "symbol_error", 7)
+    fs.set_ib_link("mlx5_1", 1, False)
+    request = receiver.poll()
+    gpu = request.resource_metrics[0].scope_metrics[0].metrics.add(name=G.HW_ERRORS.name, unit="{error}")
+    gpu.sum.is_monotonic = True
+    dp = gpu.sum.data_points.add(as_int=3, time_unix_nano=time.time_ns())
+    for key, value in ((str(G.GPU_ATTRS[0]), 0), ("error.type", "uncorrected"), ("hw.type", "gpu")):
+        kv = dp.attributes.add(key=key)
+        if isinstance(value, int):
+            kv.value.int_value = value
+        else:
+            kv.value.string_value = value
+    proc = AttributionProcessor(build(AttributionConfig, {}, "processors.attribution"),
+                                ComponentHost("attribution", PrometheusSelfTelemetry()))
+    seen_nic, seen_gpu = [], []
+    proc.engine.observe_nic = seen_nic.append
+    proc.engine.observe_gpu = seen_gpu.append
+    proc._metrics(ExportMetricsServiceRequest.FromString(request.SerializeToString()), time.time())
+    ports = {s.port: s for s in seen_nic}
+    assert ports["mlx5_0/1"].up is True and ports["mlx5_0/1"].counters["symbol_error"] == 7
+    assert ports["mlx5_1/1"].up is False and ports["eth0"].up is True
+    assert all(p.host == "node-a" for p in seen_nic) and set(ports) == {"mlx5_0/1", "mlx5_1/1", "eth0"}
+    assert [s.counters for s in seen_gpu] == [{"ecc_uncorrected": 3.0}]

@@ -12,7 +12,6 @@ import pytest
 import yaml
 
 from otel_gpu import schema
-from otel_gpu.collector import registry
 from otel_gpu.collector.config import load_text
 from otel_gpu.collector.runtime import Collector
 from otel_gpu.config import ConfigError
@@ -26,9 +25,7 @@ SCENARIO_8GPU = ROOT / "tests" / "testdata" / "fake_nvml_8gpu.yaml"
 NOT_FOUND_LINE = "NVML library not found: is the NVIDIA driver installed? (nvidia-ml-py needs libnvidia-ml.so.1)"
 
 
-@pytest.fixture(autouse=True)
-def _capture_exporter(monkeypatch):
-    monkeypatch.setitem(registry.BUILTIN["exporter"], "capture", "otel_gpu.testing.capture")
+pytestmark = pytest.mark.usefixtures("capture_exporter")
 
 
 def _config(settings: dict, logs: bool = True) -> str:
@@ -60,8 +57,8 @@ class _Running:
 
 
 def _fake(tmp_path, scenario: dict, **settings) -> _Running:
-    base = {"backend": "fake", "scenario": _scenario(tmp_path, scenario), "interval_s": 0.05,
-            "nvlink_interval_s": 0.05, "host_name": "node-a"}
+    base = {"backend": "fake", "scenario": _scenario(tmp_path, scenario), "interval": "50ms",
+            "nvlink_interval": "50ms", "host_name": "node-a"}
     return _Running(_config({**base, **settings}))
 
 
@@ -93,9 +90,13 @@ def test_exports_gpu_health_with_identity_units_and_schema_names(tmp_path):
         m, dp, attrs, resource = _latest(run, "hw.gpu.utilization", gpu__index=1)
         assert (m.unit, dp.as_double) == ("1", 0.42)
         assert attrs == {"gpu.index": 1, "hw.id": uuid1, "gpu.pci.bus_id": "00000000:2A:00.0",
-                         "hw.name": "NVIDIA H100 80GB HBM3", "hw.type": "gpu"}
+                         "hw.model": "NVIDIA H100 80GB HBM3", "hw.vendor": "NVIDIA", "hw.driver_version": "550.54.15",
+                         "hw.type": "gpu"}
         assert resource == {"host.name": "node-a"}
-        checks = [("hw.gpu.memory.utilization", {}, "1", 0.07), ("hw.gpu.memory.usage", {}, "By", 1024 << 20),
+        # hw.gpu.memory.utilization is the fraction of memory used (semconv); NVML's utilization.memory (time the
+        # memory was read or written) is gpu.memory.activity.
+        checks = [("hw.gpu.memory.utilization", {}, "1", 1024 / 81559), ("gpu.memory.activity", {}, "1", 0.07),
+                  ("hw.gpu.memory.usage", {}, "By", 1024 << 20),
                   ("hw.gpu.memory.limit", {}, "By", 81559 << 20),
                   ("gpu.memory.free", {}, "By", (81559 - 1024) << 20),
                   ("hw.temperature", {"hw.sensor_location": "gpu"}, "Cel", 66),
@@ -121,7 +122,7 @@ def test_exports_gpu_health_with_identity_units_and_schema_names(tmp_path):
             assert found is not None, (name, extra)
             m, dp, attrs, _ = found
             assert m.unit == unit == schema.REGISTRY.metrics[name].unit, name
-            assert _value(dp) == expected, (name, extra, _value(dp))
+            assert _value(dp) == pytest.approx(expected), (name, extra, _value(dp))
             assert attrs["hw.id"] == uuid1
         # Sums are cumulative (counters monotonic) and carry a start time; links past nvlink_links are not reported.
         m, dp, _, _ = _latest(run, "hw.energy", gpu__index=1)
@@ -170,8 +171,8 @@ def test_xid_event_arrives_as_a_record_within_one_second_and_is_counted(tmp_path
         record, attrs, resource = records[0]
         assert record.severity_number == 17 and record.severity_text == "ERROR"  # SEVERITY_NUMBER_ERROR
         assert attrs == {"gpu.index": 2, "hw.id": nv.gpus[2]["uuid"], "gpu.pci.bus_id": "00000000:3A:00.0",
-                         "hw.name": "NVIDIA H100 80GB HBM3", "hw.type": "gpu", "gpu.xid.code": 79,
-                         "gpu.xid.source": "nvml"}
+                         "hw.model": "NVIDIA H100 80GB HBM3", "hw.vendor": "NVIDIA", "hw.driver_version": "550.54.15",
+                         "hw.type": "gpu", "gpu.xid.code": 79, "gpu.xid.source": "nvml"}
         assert resource == {"host.name": "node-a"}
         body = json.loads(record.body.string_value)
         assert body["code"] == 79 and body["gpu_index"] == 2 and body["source"] == "nvml"
@@ -247,22 +248,24 @@ def test_backend_auto_without_a_driver_degrades_the_same_way(caplog):
         pynvml.nvmlShutdown()
         pytest.skip("this machine has an NVIDIA driver: the degraded mode is tested with the fake")
     with caplog.at_level(logging.INFO):
-        with _Running(_config({"interval_s": 0.05})) as run:  # backend: auto is the default
+        with _Running(_config({"interval": "50ms"})) as run:  # backend: auto is the default
             time.sleep(0.2)
             assert run.exporter.batches == []
     assert sum(NOT_FOUND_LINE in r.getMessage() for r in caplog.records) == 1
 
 
 @pytest.mark.parametrize("settings, message", [
-    ({"interval_s": 0}, "receivers.nvml.interval_s must be > 0 (got 0.0)"),
-    ({"interval_s": -1}, "receivers.nvml.interval_s must be > 0 (got -1.0)"),
-    ({"interval_s": "fast"}, "receivers.nvml.interval_s: expected a number"),
+    ({"interval": "0s"}, "receivers.nvml.interval must be > 0 (got 0.0)"),
+    ({"interval": "-1s"}, "receivers.nvml.interval must be > 0 (got -1.0)"),
+    ({"interval": "fast"}, "receivers.nvml.interval: not a duration"),
+    ({"interval": 2}, "receivers.nvml.interval: expected a duration such as 5s"),
+    ({"interval_s": 2}, "receivers.nvml.interval_s was renamed: write interval: 2s"),
     ({"backend": "dcgm"}, "receivers.nvml.backend must be one of auto, nvml, fake (got 'dcgm')"),
     ({"backend": "fake"}, "receivers.nvml.scenario: required with backend: fake"),
     ({"backend": "fake", "scenario": "/nonexistent.yaml"}, "receivers.nvml.scenario: no such file"),
-    ({"nvlink_interval_s": -2}, "receivers.nvml.nvlink_interval_s must be >= 0"),
+    ({"nvlink_interval": "-2s"}, "receivers.nvml.nvlink_interval must be >= 0"),
     ({"devices": [0, -1]}, "receivers.nvml.devices[1] must be an NVML index >= 0"),
-    ({"intervall_s": 1}, "receivers.nvml.intervall_s: unknown setting (did you mean 'interval_s'?"),
+    ({"intervall": "1s"}, "receivers.nvml.intervall: unknown setting (did you mean 'interval'?"),
 ])
 def test_config_errors_name_the_key(settings, message):
     with pytest.raises(ConfigError) as info:

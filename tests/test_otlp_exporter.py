@@ -27,7 +27,7 @@ from otel_gpu.testing.otlp_sink import OtlpSink
 
 from collector_proc import free_port
 
-FAST_RETRY = {"initial_interval_s": 0.02, "max_interval_s": 0.1, "max_elapsed_time_s": 10}
+FAST_RETRY = {"initial_interval": "20ms", "max_interval": "100ms", "max_elapsed_time": "10s"}
 EXPORTED, DROPPED = "otel_gpu.collector.exported", "otel_gpu.collector.dropped"
 
 
@@ -39,7 +39,7 @@ def spans(n: int, tag: str = "s") -> Batch:
     ss = rs.scope_spans.add()
     for i in range(n):
         span = ss.spans.add()
-        span.name, span.trace_id, span.span_id = f"{tag}{i}", b"\1" * 16, i.to_bytes(8, "big")
+        span.name, span.trace_id, span.span_id = f"{tag}{i}", b"\1" * 16, (i + 1).to_bytes(8, "big")
     return Batch.from_bytes(Signal.TRACES, req.SerializeToString())
 
 
@@ -117,7 +117,7 @@ def test_grpc_permanent_error_drops_without_retry(sink):
 def test_grpc_gives_up_after_max_elapsed_time(sink):
     sink.fail_next(1000, grpc.StatusCode.UNAVAILABLE)
     exporter, telemetry = make(OtlpExporter, OtlpExporterConfig, {"endpoint": sink.endpoint, "retry_on_failure": {
-        **FAST_RETRY, "max_elapsed_time_s": 0.3}})
+        **FAST_RETRY, "max_elapsed_time": "300ms"}})
     started = time.monotonic()
     exporter.export(spans(3))
     assert exporter.force_flush(5)
@@ -148,7 +148,7 @@ def test_grpc_honours_retry_info():
     server.start()
     try:
         exporter, telemetry = make(OtlpExporter, OtlpExporterConfig, {"endpoint": f"127.0.0.1:{port}",
-                                   "retry_on_failure": {"initial_interval_s": 30, "max_interval_s": 30}})
+                                   "retry_on_failure": {"initial_interval": "30s", "max_interval": "30s"}})
         exporter.export(spans(2))
         assert exporter.force_flush(5)
         assert len(times) == 2 and 0.35 < times[1] - times[0] < 3
@@ -189,7 +189,7 @@ receivers: {{otlp: {{grpc: {{endpoint: "127.0.0.1:0"}}, http: null}}}}
 exporters:
   otlp:
     endpoint: "{dead}"
-    retry_on_failure: {{initial_interval_s: 30, max_interval_s: 30}}
+    retry_on_failure: {{initial_interval: 30s, max_interval: 30s}}
     sending_queue: {{queue_size: 2, num_consumers: 1}}
 service: {{pipelines: {{traces: {{receivers: [otlp], exporters: [otlp]}}}}}}
 """)

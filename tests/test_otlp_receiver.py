@@ -90,7 +90,7 @@ def rx():
     host = ComponentHost("otlp", telemetry, {s: recorder for s in Signal})
     cfg = build(OtlpReceiverConfig, {"grpc": {"endpoint": "127.0.0.1:0", "max_recv_msg_size_mib": 0.05},
                                      "http": {"endpoint": "127.0.0.1:0", "max_request_body_size_mib": 0.05,
-                                              "read_timeout_s": 2}}, "receivers.otlp")
+                                              "read_timeout": "2s"}}, "receivers.otlp")
     receiver = OtlpReceiver(cfg, host)
     receiver.start()
     yield receiver, recorder, telemetry
@@ -359,7 +359,7 @@ def test_http_connections_beyond_max_connections_get_503_and_the_server_recovers
 
     factory = load_factory("receiver", "otlp")
     cfg = build(factory.config_class, {"grpc": None, "http": {"endpoint": "127.0.0.1:0", "max_connections": 2,
-                                                             "read_timeout_s": 5}}, "receivers.otlp")
+                                                             "read_timeout": "5s"}}, "receivers.otlp")
     keep = _Keep()
     receiver = factory.create(cfg, ComponentHost("otlp", PrometheusSelfTelemetry(), {s: keep for s in _Signal}))
     receiver.start()

@@ -96,7 +96,7 @@ def _exporter(endpoint: str, queue_dir: Path, **persistent):
     telemetry = PrometheusSelfTelemetry()
     cfg = build(OtlpExporterConfig, {
         "endpoint": endpoint, "compression": "none",
-        "retry_on_failure": {"initial_interval_s": 0.05, "max_interval_s": 0.2, "max_elapsed_time_s": 0},
+        "retry_on_failure": {"initial_interval": "50ms", "max_interval": "200ms", "max_elapsed_time": "0s"},
         "sending_queue": {"num_consumers": 1, "persistent": {"path": str(queue_dir), **persistent}}},
         "exporters.otlp")
     exporter = OtlpExporter(cfg, ComponentHost("otlp/disk", telemetry))
@@ -370,7 +370,7 @@ def test_otlphttp_exporter_keeps_its_queue_across_a_restart(tmp_path):
 
     port = free_port()
     settings = {"endpoint": f"http://127.0.0.1:{port}", "compression": "gzip",
-                "retry_on_failure": {"initial_interval_s": 0.05, "max_interval_s": 0.2, "max_elapsed_time_s": 0},
+                "retry_on_failure": {"initial_interval": "50ms", "max_interval": "200ms", "max_elapsed_time": "0s"},
                 "sending_queue": {"num_consumers": 2, "persistent": {"path": str(tmp_path / "q")}}}
     telemetry = PrometheusSelfTelemetry()
     exporter = OtlpHttpExporter(build(OtlpHttpExporterConfig, settings, "exporters.otlphttp"),

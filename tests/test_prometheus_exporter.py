@@ -174,13 +174,54 @@ def test_attribute_types_sanitizing_and_precedence():
         name, labels, _ = scrape(exp)["train_x_y"][1][0]
         assert name == "train_x_y"
         assert labels == {"flag": "true", "ratio": "0.5", "list_attr": "s;t", "key_9lives": "cat",
-                          "host_name": "dp", "service_name": "svc", "cluster": "c1"}
+                          "host_name": "dp", "job": "svc", "cluster": "c1"}
+    finally:
+        exp.shutdown()
+
+
+TRAINING_RESOURCE = {"service.name": "trainer", "service.namespace": "ml", "service.instance.id": "pod-7/rank-3",
+                     "training.job.id": "job-9", "host.name": "node-b", "training.rank": 3, "gpu.index": 1,
+                     "process.pid": 4242, "training.world_size": 8}
+
+
+def test_resources_as_in_the_collector_target_info_and_promoted_labels(exporter):
+    """resource_to_telemetry_conversion is off by default, as in the OpenTelemetry Collector: series get job and
+    instance (from service.*) plus the promoted set the dashboards filter on; every other resource attribute is on
+    target_info, which joins on job and instance."""
+    exporter.export(request([gauge("otel_gpu.step.duration", "s", [number(0.5)])], resource=TRAINING_RESOURCE))
+    families = scrape(exporter)
+    (_, labels, value), = families["otel_gpu_step_duration_seconds"][1]
+    assert labels == {"job": "ml/trainer", "instance": "pod-7/rank-3", "training_job_id": "job-9",
+                      "host_name": "node-b", "training_rank": "3", "gpu_index": "1"}
+    kind, samples = families["target_info"]
+    assert kind == "gauge"
+    assert samples == [("target_info", {"job": "ml/trainer", "instance": "pod-7/rank-3", "training_job_id": "job-9",
+                                        "host_name": "node-b", "training_rank": "3", "gpu_index": "1",
+                                        "process_pid": "4242", "training_world_size": "8"}, 1.0)]
+
+
+def test_target_info_only_for_resources_prometheus_would_describe(exporter):
+    """Prometheus' OTLP translator: no target_info without job or instance, nor with nothing but them."""
+    exporter.export(request([gauge("a", "", [number(1.0)])], resource={"host.name": "node-a"}))
+    exporter.export(request([gauge("b", "", [number(1.0)])], resource={"service.name": "only"}))
+    families = scrape(exporter)
+    assert "target_info" not in families
+    assert families["a"][1][0][1] == {"host_name": "node-a"} and families["b"][1][0][1] == {"job": "only"}
+
+
+def test_resource_to_telemetry_conversion_on_copies_every_resource_attribute():
+    exp, _ = make_exporter(resource_to_telemetry_conversion={"enabled": True})
+    try:
+        exp.export(request([gauge("g", "", [number(1.0, {"a": "b"})])], resource=TRAINING_RESOURCE))
+        labels = scrape(exp)["g"][1][0][1]
+        assert labels["process_pid"] == "4242" and labels["service_name"] == "trainer" and labels["a"] == "b"
+        assert labels["job"] == "ml/trainer"
     finally:
         exp.shutdown()
 
 
 def test_resource_to_telemetry_conversion_off_accepts_collector_form():
-    exp, _ = make_exporter(resource_to_telemetry_conversion={"enabled": False})
+    exp, _ = make_exporter(resource_to_telemetry_conversion={"enabled": False}, promote_resource_attributes=[])
     try:
         exp.export(request([gauge("g", "", [number(1.0, {"a": "b"})])]))
         assert scrape(exp)["g"][1][0][1] == {"a": "b"}
@@ -189,7 +230,7 @@ def test_resource_to_telemetry_conversion_off_accepts_collector_form():
 
 
 def test_series_expire():
-    exp, _ = make_exporter(metric_expiration_s=1.0)
+    exp, _ = make_exporter(metric_expiration="1s")
     try:
         exp.export(request([gauge("old", "", [number(1.0)])]))
         time.sleep(0.6)
@@ -262,7 +303,7 @@ service: {{pipelines: {{metrics: {{receivers: [otlp], exporters: [prometheus]}}}
 
 @pytest.mark.parametrize("settings, message", [
     ({"endpoint": "nope"}, "exporters.prometheus.endpoint: expected HOST:PORT"),
-    ({"metric_expiration_s": 0}, "metric_expiration_s must be > 0"),
+    ({"metric_expiration": "0s"}, "metric_expiration must be > 0"),
     ({"const_labels": {"bad-name": "x"}}, "const_labels.bad-name: not a valid Prometheus label name"),
     ({"namespace": "1x"}, "namespace must match"),
 ])
@@ -333,8 +374,11 @@ service: {{pipelines: {{metrics: {{receivers: [otlp], exporters: [prometheus, st
         assert steps.type == "counter"
         (sample,) = steps.samples
         assert sample.name == "training_steps_total" and sample.value == 7.0
-        assert {"training_rank": "3", "training_job_id": "job-9", "host_name": "node-7", "service_name": "trainer",
+        assert {"training_rank": "3", "training_job_id": "job-9", "host_name": "node-7", "job": "trainer",
                 "cluster": "c1"}.items() <= sample.labels.items()
+        # The SDK's resource (telemetry.sdk.*, service.name) is on target_info, joined on job/instance.
+        (info,) = families["target_info"].samples
+        assert info.labels["job"] == "trainer" and info.labels["telemetry_sdk_language"] == "python"
         assert families["queue_depth"].type == "gauge" and families["queue_depth"].samples[0].value == -2.0
         hist = families["training_step_duration_seconds"]
         assert hist.type == "histogram"

@@ -17,7 +17,7 @@ from otel_gpu.schema import identity as I
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "queries.md"
 
-_BLOCK = re.compile(r"```(traceql|jaeger)\n(.*?)```", re.S)
+_BLOCK = re.compile(r"```(traceql|jaeger|promql)\n(.*?)```", re.S)
 # One TraceQL condition: scope.attribute op value, or an intrinsic (name, duration, status) op value.
 _COND = re.compile(r'(?P<lhs>(?:span|resource)\.[A-Za-z0-9_.]+|name|duration|status)\s*'
                    r'(?P<op>=~|!=|>=|<=|=|>|<)\s*(?P<value>"[^"]*"|[0-9.]+[a-z]*|true|false|[a-z]+)')
@@ -164,3 +164,59 @@ def test_the_checks_can_fail():
         check_value(F.KIND, "=", '"stuck"', "x")
     with pytest.raises(AssertionError):
         traceql_conditions('{ name = "otel_gpu.failure" || span.failure.kind = "hang" }')
+
+
+# -- PromQL: metric names by the reference translation, labels from the schema -------------------------------------
+_PROMQL_WORDS = {"sum", "avg", "max", "min", "count", "rate", "increase", "irate", "topk", "bottomk", "quantile",
+                 "histogram_quantile", "max_over_time", "by", "without", "on", "ignoring", "group_left",
+                 "group_right", "and", "or", "unless", "offset", "vector"}
+_LABEL_LISTS = re.compile(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\(([^)]*)\)")
+_MATCHER = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*(?:=~|!~|!=|=)\s*"([^"]*)"')
+
+
+def promql_names(query: str) -> tuple[set[str], set[str], list[tuple[str, str]]]:
+    """(metric names, label names, (label, value) matchers) of a PromQL query."""
+    labels = {x.strip() for group in _LABEL_LISTS.findall(query) for x in group.split(",") if x.strip()}
+    matchers = _MATCHER.findall(query)
+    labels |= {name for name, _ in matchers}
+    rest = _LABEL_LISTS.sub(" ", _MATCHER.sub(" ", query))
+    rest = re.sub(r"\[[^\]]*\]", " ", rest)  # range selectors
+    words = set(re.findall(r"[a-zA-Z_:][a-zA-Z0-9_:]*", rest)) - _PROMQL_WORDS
+    return words, labels, matchers
+
+
+def _prometheus_names() -> set[str]:
+    names = {"target_info"}
+    for m in schema.REGISTRY.metrics.values():
+        names.add(m.prometheus_name)
+        if m.type is schema.MetricType.HISTOGRAM:
+            names |= {m.prometheus_name + suffix for suffix in ("_bucket", "_count", "_sum")}
+    return names
+
+
+def test_promql_queries_use_schema_names_and_labels():
+    from otel_gpu.schema._prom import sanitize
+
+    queries = blocks("promql")
+    assert len(queries) >= 10
+    known_metrics = _prometheus_names()
+    labels_of = {sanitize(a.name): a for a in schema.REGISTRY.attributes.values()}
+    used_metrics = set()
+    for query in queries:
+        metrics, labels, matchers = promql_names(query)
+        assert metrics, query
+        assert metrics <= known_metrics, f"{query}: {sorted(metrics - known_metrics)} are not exported names"
+        used_metrics |= metrics
+        unknown = labels - set(labels_of) - {"le", "job", "instance"}
+        assert not unknown, f"{query}: unknown labels {unknown}"
+        for name, value in matchers:
+            attr = labels_of[name]
+            if attr.values and not re.search(r"[.*|]", value):
+                assert value in attr.values, f"{query}: {value!r} is not a value of {attr.name}"
+    assert "target_info" in used_metrics  # the resource join is shown
+
+
+def test_promql_checks_can_fail():
+    metrics, labels, _ = promql_names('sum by (host_name) (rate(hw_errors{hw_type="gpu"}[5m]))')
+    assert metrics == {"hw_errors"} and "hw_errors" not in _prometheus_names()  # the counter is hw_errors_total
+    assert labels == {"host_name", "hw_type"}

@@ -101,7 +101,8 @@ def test_json_report_is_the_public_contract(store):
     code, out, _ = run(store, fmt="json")
     assert code == 0
     report = json.loads(out)
-    assert set(report) == {"failures", "goodput", "jobs"}
+    assert set(report) == {"failures", "goodput", "jobs", "devices"}
+    assert report["devices"] == []  # devices to drain / to watch (none in this store)
     assert report["failures"] == [XID, HANG]
     for record in report["failures"]:
         assert set(RECORD_KEYS) <= set(record)
@@ -129,7 +130,7 @@ def test_missing_and_empty_store(tmp_path):
     empty = tmp_path / "empty"
     db.open_writer(empty).close()
     assert run(empty) == (0, "no failures recorded\ngoodput: no data\n", "")
-    assert json.loads(run(empty, fmt="json")[1]) == {"failures": [], "goodput": None, "jobs": []}
+    assert json.loads(run(empty, fmt="json")[1]) == {"failures": [], "goodput": None, "jobs": [], "devices": []}
 
 
 def test_not_a_store_is_a_clear_error(tmp_path):
@@ -212,3 +213,44 @@ service: {{pipelines: {{logs: {{receivers: [otlp], exporters: [store]}}}}}}
         assert collector.stop() == 0
     job = json.loads(run(store, fmt="json")[1])["jobs"][0]
     assert (job["job_id"], job["ranks"], job["hosts"]) == ("job-x", 1, 1)
+
+
+def test_report_shows_the_latest_version_history_in_json_and_withdrawn_verdicts(tmp_path):
+    folder = tmp_path / "data"
+    died = {**XID, "root_cause": "rank_process_died", "category": "infrastructure", "action": "auto_restart",
+            "failure_id": "job-y/1", "version": 1, "evidence": []}
+    xid = {**XID, "failure_id": "job-y/1", "version": 2}
+    hang = {**HANG, "failure_id": "job-x/1", "version": 1}
+    fill(folder, [("otel_gpu.failure", died), ("otel_gpu.failure", hang)])
+    fill(folder, [("otel_gpu.failure", xid),
+                  ("otel_gpu.failure", {**hang, "version": 2, "status": "withdrawn",
+                                        "withdrawn_reason": "every rank resumed after 41.0 s"})])
+    code, out, _ = run(folder, fmt="json")
+    assert code == 0
+    report = json.loads(out)
+    by_id = {f["failure_id"]: f for f in report["failures"]}
+    assert set(by_id) == {"job-y/1", "job-x/1"}
+    assert by_id["job-y/1"]["root_cause"] == "gpu_fell_off_bus" and by_id["job-y/1"]["version"] == 2
+    assert [v["record"]["root_cause"] for v in by_id["job-y/1"]["versions"]] == ["rank_process_died",
+                                                                               "gpu_fell_off_bus"]
+    assert by_id["job-x/1"]["status"] == "withdrawn"
+    code, out, _ = run(folder)
+    lines = out.splitlines()
+    assert lines[0] == "1 failure (newest first), 1 withdrawn verdict"
+    assert any(line.startswith("CRASH in job job-y") for line in lines)
+    assert "  revisions: v1 crash/rank_process_died (rank 5, host node-b, GPU GPU-1234) -> " \
+           "v2 crash/gpu_fell_off_bus (rank 5, host node-b, GPU GPU-1234)" in lines
+    assert any(line.startswith("WITHDRAWN HANG in job job-x") for line in lines)
+    assert "  status: withdrawn (every rank resumed after 41.0 s); not counted as a failure" in lines
+
+
+def test_withdrawn_as_the_attribution_processor_writes_it(tmp_path):
+    folder = tmp_path / "data"
+    hang = {**HANG, "failure_id": "job-x/2", "version": 1}
+    fill(folder, [("otel_gpu.failure", hang),
+                  ("otel_gpu.failure", {**hang, "version": 2, "withdrawn": True,
+                                        "summary": "withdrawn: the ranks progressed again; " + HANG["summary"]})])
+    code, out, _ = run(folder)
+    assert code == 0
+    assert out.splitlines()[0] == "0 failures (newest first), 1 withdrawn verdict"
+    assert "  status: withdrawn (the ranks progressed again); not counted as a failure" in out.splitlines()

@@ -198,7 +198,7 @@ def test_every_listener_binds_loopback_by_default():
         for key, endpoint in _endpoints(spec.config, f"{spec.kind}s.{spec.id}"):
             checked.append(key)
             assert _host(endpoint) in LOOPBACK, f"default config: {key} = {endpoint}"
-    assert default.telemetry.metrics_address == ""
+    assert default.telemetry.metrics.addresses() == []
     assert {"receivers.otlp.grpc.endpoint", "receivers.otlp.http.endpoint",
             "exporters.prometheus.endpoint"} <= set(checked), checked
 
@@ -397,7 +397,7 @@ def test_exporter_tls_client_cert_and_token_reach_a_locked_receiver(pki, tmp_pat
             telemetry = PrometheusSelfTelemetry()
             cfg = build(factory.config_class, {
                 "endpoint": endpoint, "tls": client_tls, "auth": {"bearer_token": token},
-                "retry_on_failure": {"initial_interval_s": 0.1, "max_interval_s": 0.2, "max_elapsed_time_s": 1},
+                "retry_on_failure": {"initial_interval": "100ms", "max_interval": "200ms", "max_elapsed_time": "1s"},
                 "sending_queue": {"num_consumers": 1}}, f"exporters.{kind}")
             exporter = factory.create(cfg, ComponentHost(kind, telemetry))
             exporter.start()
@@ -480,7 +480,7 @@ receivers:
     http: {{endpoint: 127.0.0.1:{http_port}, auth: {{bearer_token_file: {token_file}}}}}
 exporters:
   otlp: {{endpoint: 127.0.0.1:{dead_port}, auth: {{bearer_token: "${{env:EXPORT_TOKEN}}"}},
-          retry_on_failure: {{initial_interval_s: 0.1, max_interval_s: 0.2, max_elapsed_time_s: 1}}}}
+          retry_on_failure: {{initial_interval: 100ms, max_interval: 200ms, max_elapsed_time: 1s}}}}
   prometheus:
     endpoint: 127.0.0.1:{prom_port}
     basic_auth: {{username: scraper, password: "${{env:PROM_PASSWORD}}"}}
@@ -519,13 +519,13 @@ def test_secrets_never_appear_in_config_errors(value, monkeypatch, tmp_path):
     needle = "tok-ERR-41aa" if "tok" in value else value
     configs = [
         # both the inline token and a file
-        f'receivers: {{otlp: {{grpc: {{auth: {{bearer_token: "${{env:SECRET_VALUE}}", bearer_token_file: /x}}}}}}}}',
+        'receivers: {otlp: {grpc: {auth: {bearer_token: "${env:SECRET_VALUE}", bearer_token_file: /x}}}}',
         # a sibling setting wrong, and an unknown key beside the token
-        f'receivers: {{otlp: {{grpc: {{max_workers: many, auth: {{bearer_token: "${{env:SECRET_VALUE}}", '
-        f'bearer_tokn: 1}}}}}}}}',
+        'receivers: {otlp: {grpc: {max_workers: many, auth: {bearer_token: "${env:SECRET_VALUE}", '
+        'bearer_tokn: 1}}}}',
         # exporter token and prometheus password, with errors around them
-        f'exporters: {{otlp: {{endpoint: "nope", auth: {{bearer_token: "${{env:SECRET_VALUE}}"}}}}, '
-        f'prometheus: {{basic_auth: {{username: "a:b", password: "${{env:SECRET_VALUE}}"}}}}}}',
+        'exporters: {otlp: {endpoint: "nope", auth: {bearer_token: "${env:SECRET_VALUE}"}}, '
+        'prometheus: {basic_auth: {username: "a:b", password: "${env:SECRET_VALUE}"}}}',
     ]
     tail = "\nservice: {pipelines: {traces: {receivers: [otlp], exporters: [debug]}}}\n"
     for text in configs:
@@ -692,7 +692,7 @@ def test_helm_secured_aggregator_link_works_end_to_end(tmp_path, monkeypatch):
     assert link["endpoint"] == f"https://{svc}:4317"
     link["endpoint"] = f"https://127.0.0.1:{port}"
     link["tls"]["server_name_override"] = svc  # the Service name, as DNS would resolve it in the cluster
-    link["retry_on_failure"] = {"initial_interval_s": 0.2, "max_interval_s": 0.5, "max_elapsed_time_s": 5}
+    link["retry_on_failure"] = {"initial_interval": "200ms", "max_interval": "500ms", "max_elapsed_time": "5s"}
     sender_cfg = load_text(yaml.safe_dump({
         "receivers": {"otlp": {"grpc": {"endpoint": "127.0.0.1:0"}, "http": None}},
         "exporters": {"otlp/aggregator": link},

@@ -116,7 +116,7 @@ def test_failures_and_goodput_are_written_whole_and_read_back(tmp_path):
 
 
 def test_goodput_keeps_latest_per_job_and_bounded_history(tmp_path):
-    exp, _, _ = make(tmp_path, max_goodput_history=3, retention_interval_s=0.05)
+    exp, _, _ = make(tmp_path, max_goodput_history=3, retention_interval="50ms")
     try:
         for i in range(6):
             exp.export(logs_batch([("otel_gpu.goodput", {"job_id": "j", "ettr": i / 10})]))
@@ -170,7 +170,7 @@ def test_recurrence_is_exact_while_the_writer_commits(tmp_path):
 
 
 def test_jobs_from_resources_of_every_signal(tmp_path):
-    exp, _, _ = make(tmp_path, flush_interval_s=0.05)
+    exp, _, _ = make(tmp_path, flush_interval="50ms")
     try:
         exp.export(traces_batch([0, 1], host="node-a"))
         exp.export(traces_batch([2, 3], host="node-b"))
@@ -252,7 +252,7 @@ def test_concurrent_reads_while_writing(tmp_path):
 
 
 def test_retention_by_count_and_age(tmp_path):
-    exp, _, _ = make(tmp_path, max_failures=10, retention_interval_s=0.05)
+    exp, _, _ = make(tmp_path, max_failures=10, retention_interval="50ms")
     try:
         for i in range(25):
             exp.export(logs_batch([("otel_gpu.failure", failure(detected=float(i)))]))
@@ -344,5 +344,98 @@ def test_traces_export_walks_resources_only(tmp_path):
                 exp.export(batch)
             timings[name] = (time.perf_counter() - start) / 200
         assert timings["big"] < 200e-6 and timings["big"] < 3 * timings["small"] + 10e-6, timings
+    finally:
+        exp.shutdown()
+
+
+# -- verdicts that change (issue 10): failure_id + version -------------------------------------------------------
+def test_revisions_keep_one_row_per_failure_with_every_version_in_history(tmp_path):
+    exp, _, _ = make(tmp_path)
+    try:
+        v1 = failure(kind="crash", root_cause="rank_process_died", signature="sig-died", failure_id="f-1", version=1)
+        v2 = failure(kind="crash", root_cause="gpu_fell_off_bus", signature="sig-xid79", failure_id="f-1", version=2,
+                     culprit={"rank": 0, "host": "node-a", "gpu": "GPU-1"})
+        other = failure(job="job-2", signature="sig-b", detected=500.0, failure_id="f-2", version=1)
+        exp.export(logs_batch([("otel_gpu.failure", v1), ("otel_gpu.failure", other)]))
+        assert exp.force_flush(5.0)
+        assert exp.history.recurrence("sig-died") == 1
+        exp.export(logs_batch([("otel_gpu.failure", v2)]))
+        exp.export(logs_batch([("otel_gpu.failure", v1)]))  # redelivered after a replay: older, ignored
+        assert exp.force_flush(5.0)
+        with read(tmp_path) as conn:
+            latest = db.failures(conn, history=True)
+            assert [r["failure_id"] for r in latest] == ["f-1", "f-2"]
+            assert latest[0]["root_cause"] == "gpu_fell_off_bus" and latest[0]["version"] == 2
+            assert [(v["version"], v["record"]["root_cause"]) for v in latest[0]["versions"]] == \
+                [(1, "rank_process_died"), (2, "gpu_fell_off_bus")]
+            assert [v["version"] for v in latest[1]["versions"]] == [1]
+            # Recurrence counts failures, not versions: the revised signature replaced the first one.
+            assert db.failure_count(conn) == 2
+            assert db.failure_count(conn, "sig-xid79") == 1 and db.failure_count(conn, "sig-died") == 0
+        assert exp.history.recurrence("sig-xid79") == 1
+    finally:
+        exp.shutdown()
+
+
+def test_versions_out_of_order_never_replace_a_newer_one(tmp_path):
+    exp, _, _ = make(tmp_path)
+    try:
+        v1 = failure(failure_id="f-9", version=1, root_cause="rank_not_in_collective")
+        v3 = failure(failure_id="f-9", version=3, root_cause="nic_link_down")
+        exp.export(logs_batch([("otel_gpu.failure", v3), ("otel_gpu.failure", v1)]))
+        assert exp.force_flush(5.0)
+        with read(tmp_path) as conn:
+            (only,) = db.failures(conn, history=True)
+            assert only["version"] == 3 and only["root_cause"] == "nic_link_down"
+            assert [v["version"] for v in only["versions"]] == [1, 3]
+    finally:
+        exp.shutdown()
+
+
+def test_a_withdrawn_hang_is_kept_marked_and_not_counted(tmp_path):
+    exp, _, _ = make(tmp_path)
+    try:
+        hang = failure(failure_id="h-1", version=1, signature="sig-hang")
+        exp.export(logs_batch([("otel_gpu.failure", hang)]))
+        assert exp.force_flush(5.0)
+        assert exp.history.recurrence("sig-hang") == 1
+        exp.export(logs_batch([("otel_gpu.failure", {**hang, "version": 2, "status": "withdrawn"})]))
+        assert exp.force_flush(5.0)
+        with read(tmp_path) as conn:
+            (kept,) = db.failures(conn, history=True)
+            assert db.is_withdrawn(kept) and kept["version"] == 2 and len(kept["versions"]) == 2
+            assert db.failures(conn, withdrawn=False) == []
+            assert db.failure_count(conn, "sig-hang") == 0
+        assert exp.history.recurrence("sig-hang") == 0
+    finally:
+        exp.shutdown()
+
+
+def test_a_version_1_store_is_migrated_and_its_records_kept(tmp_path):
+    folder = tmp_path / "data"
+    folder.mkdir()
+    conn = sqlite3.connect(db.db_path(folder))
+    conn.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+    for statement in db._MIGRATIONS[0]:
+        conn.execute(statement)
+    conn.execute("INSERT INTO schema_version VALUES (1)")
+    old = failure(signature="sig-old")
+    conn.execute("INSERT INTO failures (kind, root_cause, job_id, signature, detected_time, received_time, record) "
+                 "VALUES ('hang', 'rank_not_in_collective', 'job-1', 'sig-old', 1000.0, ?, ?)",
+                 (time.time(), json.dumps(old)))
+    conn.commit()
+    conn.close()
+    with closing(db.open_reader(folder)) as reader:  # a reader of an unmigrated file still works
+        assert db.failures(reader, history=True) == [old]
+    exp, _, _ = make(tmp_path)
+    try:
+        new = failure(signature="sig-new", detected=2000.0, failure_id="f-1", version=1)
+        exp.export(logs_batch([("otel_gpu.failure", new)]))
+        assert exp.force_flush(5.0)
+        with read(tmp_path) as conn2:
+            assert conn2.execute("SELECT max(version) FROM schema_version").fetchone()[0] == db.SCHEMA_VERSION
+            records = db.failures(conn2, history=True)
+            assert [r["signature"] for r in records] == ["sig-new", "sig-old"]
+            assert "versions" not in records[1]
     finally:
         exp.shutdown()

@@ -10,7 +10,6 @@ import time
 import pytest
 import yaml
 
-from otel_gpu.collector import registry
 from otel_gpu.collector.config import load_text
 from otel_gpu.collector.runtime import Collector
 from otel_gpu.config import ConfigError
@@ -19,9 +18,7 @@ from otel_gpu.schema import REGISTRY
 from otel_gpu.testing.fake_kmsg import FakeKernelLog
 
 
-@pytest.fixture(autouse=True)
-def _capture_exporter(monkeypatch):
-    monkeypatch.setitem(registry.BUILTIN["exporter"], "capture", "otel_gpu.testing.capture")
+pytestmark = pytest.mark.usefixtures("capture_exporter")
 
 
 def _yaml(settings: dict, receivers: dict | None = None) -> str:
@@ -54,7 +51,7 @@ def test_xid_line_becomes_the_same_record_as_the_nvml_receivers(tmp_path, scenar
     log = FakeKernelLog(tmp_path / "kmsg")
     log.line("NVRM: loading NVIDIA UNIX x86_64 Kernel Module 550.54.15")
     log.xid("0000:5d:00", 13, pid=1)  # already in the log at start: not reported (from_beginning is false)
-    with _Run(_yaml({"path": str(log.path), "backend": "fake", "scenario": scenario, "poll_interval_s": 0.02,
+    with _Run(_yaml({"path": str(log.path), "backend": "fake", "scenario": scenario, "poll_interval": "20ms",
                      "host_name": "node-a"})) as run:
         time.sleep(0.15)
         written = time.time()
@@ -68,7 +65,8 @@ def test_xid_line_becomes_the_same_record_as_the_nvml_receivers(tmp_path, scenar
         record, attrs, resource = records[0]
         nv = run.collector.component("receiver", "xid").backend
         assert attrs == {"gpu.index": 2, "hw.id": nv.gpus[2]["uuid"], "gpu.pci.bus_id": "00000000:3A:00.0",
-                         "hw.name": "NVIDIA H100 80GB HBM3", "hw.type": "gpu", "gpu.xid.code": 79,
+                         "hw.model": "NVIDIA H100 80GB HBM3", "hw.vendor": "NVIDIA", "hw.type": "gpu",
+                         "gpu.xid.code": 79,
                          "gpu.xid.source": "kmsg", "process.pid": 4242}
         assert resource == {"host.name": "node-a"}
         assert record.event_name == "gpu.xid" and record.severity_text == "ERROR"
@@ -84,7 +82,7 @@ def test_xid_line_becomes_the_same_record_as_the_nvml_receivers(tmp_path, scenar
 def test_gpu_map_without_nvml_and_syslog_lines_and_rotation(tmp_path):
     log = FakeKernelLog(tmp_path / "kern.log", syslog=True)
     with _Run(_yaml({"path": str(log.path), "backend": "none", "gpu_map": {"0000:07:00": 5},
-                     "poll_interval_s": 0.02})) as run:
+                     "poll_interval": "20ms"})) as run:
         time.sleep(0.1)
         log.xid("0000:07:00", 48)
         log.xid("0000:99:00", 94, pid=77)
@@ -101,7 +99,7 @@ def test_gpu_map_without_nvml_and_syslog_lines_and_rotation(tmp_path):
 def test_a_log_file_that_appears_later_is_read_from_its_start(tmp_path, caplog):
     path = tmp_path / "later.log"
     with caplog.at_level(logging.WARNING):
-        with _Run(_yaml({"path": str(path), "backend": "none", "poll_interval_s": 0.02})) as run:
+        with _Run(_yaml({"path": str(path), "backend": "none", "poll_interval": "20ms"})) as run:
             time.sleep(0.1)
             FakeKernelLog(path).xid("0000:3b:00", 31)
             run.exporter.wait_for(lambda e: e.log_records("gpu.xid"), timeout_s=3)
@@ -140,7 +138,7 @@ def test_parse_line_variants():
     ({"backend": "fake"}, "receivers.xid.scenario: required with backend: fake"),
     ({"gpu_map": {"nonsense": 1}}, "receivers.xid.gpu_map.nonsense: not a PCI bus id"),
     ({"gpu_map": {"0000:3b:00": -1}}, "receivers.xid.gpu_map.0000:3b:00 must be a GPU index >= 0"),
-    ({"poll_interval_s": 0}, "receivers.xid.poll_interval_s must be > 0"),
+    ({"poll_interval": "0s"}, "receivers.xid.poll_interval must be > 0"),
     ({"pth": "/x"}, "receivers.xid.pth: unknown setting (did you mean 'path'?"),
 ])
 def test_config_errors_name_the_key(settings, message):
@@ -149,20 +147,18 @@ def test_config_errors_name_the_key(settings, message):
     assert message in str(info.value)
 
 
-def test_an_endless_line_without_newline_is_skipped_and_memory_stays_bounded(tmp_path, monkeypatch, caplog):
+def test_an_endless_line_without_newline_is_skipped_and_memory_stays_bounded(tmp_path, caplog):
     """A file that is not a kernel log (one huge line, no newline) must not grow the follower's buffer forever; XID
     lines after it are still read."""
     import yaml
 
-    from otel_gpu.collector import registry
     from otel_gpu.collector.config import load_text
     from otel_gpu.collector.runtime import Collector
 
-    monkeypatch.setitem(registry.BUILTIN["exporter"], "capture", "otel_gpu.testing.capture")
     log = tmp_path / "kern.log"
     log.write_bytes(b"x" * 300_000)
     config = {"receivers": {"xid": {"path": str(log), "from_beginning": True, "backend": "nvml",
-                                    "gpu_map": {"0000:3b:00.0": 2}, "poll_interval_s": 0.05}},
+                                    "gpu_map": {"0000:3b:00.0": 2}, "poll_interval": "50ms"}},
               "exporters": {"capture": {}},
               "service": {"pipelines": {"logs": {"receivers": ["xid"], "exporters": ["capture"]}}}}
     collector = Collector(load_text(yaml.safe_dump(config)))

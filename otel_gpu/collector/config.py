@@ -29,6 +29,7 @@ __all__ = ["CollectorConfig", "ComponentSpec", "PipelineSpec", "load_file", "loa
            "DEFAULT_CONFIG_TEXT"]
 
 _KINDS = {"receivers": "receiver", "processors": "processor", "exporters": "exporter"}
+_ALL_KINDS = {**_KINDS, "extensions": "extension"}
 _TOP_KEYS = ("receivers", "processors", "exporters", "extensions", "connectors", "service")
 _ID = re.compile(r"^[a-zA-Z][a-zA-Z0-9_]*(/[^/\s]+)?$")
 _ENV = re.compile(r"\$\{(?:env:)?([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -56,13 +57,104 @@ class PipelineSpec:
 
 
 @dataclass
-class TelemetryConfig:
-    log_level: str = "info"
-    metrics_address: str = ""  # optional extra endpoint serving only self-telemetry
+class TelemetryLogsConfig:
+    """``service.telemetry.logs``: the Collector's keys; ``level`` and ``encoding`` act, the rest of zap's output
+    settings are accepted only with their default values."""
+
+    level: str = "info"  # debug, info, warn (warning), error
+    encoding: str = "console"  # console or json
+    development: bool = False
+    disable_caller: bool = False
+    disable_stacktrace: bool = False
+    output_paths: list[str] = field(default_factory=lambda: ["stderr"])
+    error_output_paths: list[str] = field(default_factory=lambda: ["stderr"])
+    initial_fields: dict[str, Any] = field(default_factory=dict)
+    sampling: dict[str, Any] | None = None
 
     def validate(self) -> None:
-        if self.log_level.lower() not in ("debug", "info", "warning", "error"):
-            raise ValueError(f"log_level must be debug, info, warning or error (got {self.log_level!r})")
+        if self.level.lower() not in ("debug", "info", "warn", "warning", "error"):
+            raise ValueError(f"level must be debug, info, warn or error (got {self.level!r})")
+        if self.encoding not in ("console", "json"):
+            raise ValueError(f"encoding must be console or json (got {self.encoding!r})")
+        for key in ("output_paths", "error_output_paths"):
+            if any(p not in ("stderr", "stdout") for p in getattr(self, key)):
+                raise ValueError(f"{key}: only stderr and stdout are supported by otel-gpu (got "
+                                 f"{getattr(self, key)!r}); redirect the process's output instead")
+
+    @property
+    def python_level(self) -> str:
+        level = self.level.upper()
+        return "WARNING" if level == "WARN" else level
+
+
+@dataclass
+class TelemetryMetricsConfig:
+    """``service.telemetry.metrics``: where the collector's own metrics are served in the Prometheus format.
+    ``address: HOST:PORT`` (the Collector's older key) or ``readers: [{pull: {exporter: {prometheus: {host, port}}}}]``;
+    ``level: none`` serves nothing. They are served in any case on every Prometheus exporter's /metrics."""
+
+    level: str = "normal"  # none, basic, normal, detailed (all but none serve the same metrics)
+    address: str = ""
+    readers: list[dict[str, Any]] = field(default_factory=list)
+
+    def validate(self) -> None:
+        if self.level not in ("none", "basic", "normal", "detailed"):
+            raise ValueError(f"level must be none, basic, normal or detailed (got {self.level!r})")
+        if self.address:
+            _host_port(self.address, "address")
+        for i, reader in enumerate(self.readers):
+            _reader_address(reader, f"readers[{i}]")
+
+    def addresses(self) -> list[tuple[str, int]]:
+        """Every (host, port) to listen on; empty with ``level: none``."""
+        if self.level == "none":
+            return []
+        out = [_host_port(self.address, "address")] if self.address else []
+        out += [_reader_address(r, f"readers[{i}]") for i, r in enumerate(self.readers)]
+        return out
+
+
+def _host_port(text: str, key: str) -> tuple[str, int]:
+    host, sep, port = str(text).rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"{key} must be HOST:PORT, e.g. 127.0.0.1:8888 (got {text!r})")
+    return (host.strip("[]") or "0.0.0.0"), int(port)
+
+
+def _reader_address(reader: Any, key: str) -> tuple[str, int]:
+    hint = "use {pull: {exporter: {prometheus: {host: 127.0.0.1, port: 8888}}}}"
+    pull = reader.get("pull") if isinstance(reader, dict) else None
+    exporter = pull.get("exporter") if isinstance(pull, dict) else None
+    prom = exporter.get("prometheus") if isinstance(exporter, dict) else None
+    if not isinstance(prom, dict) or set(reader) != {"pull"} or set(exporter) != {"prometheus"}:
+        raise ValueError(f"{key}: only a pull reader with a prometheus exporter is supported ({hint}); periodic "
+                         f"readers pushing OTLP are not: route the collector's metrics through a pipeline instead")
+    unknown = set(prom) - {"host", "port", "without_units", "without_type_suffix", "without_scope_info"}
+    if unknown:
+        raise ValueError(f"{key}.pull.exporter.prometheus: unknown setting(s) {', '.join(sorted(map(str, unknown)))} "
+                         f"(known: host, port)")
+    port = prom.get("port", 8888)
+    if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
+        raise ValueError(f"{key}.pull.exporter.prometheus.port must be a port number (got {port!r})")
+    return str(prom.get("host") or "127.0.0.1").strip("[]"), port
+
+
+@dataclass
+class TelemetryConfig:
+    """``service.telemetry``, in the OpenTelemetry Collector's shape."""
+
+    logs: TelemetryLogsConfig = field(default_factory=TelemetryLogsConfig)
+    metrics: TelemetryMetricsConfig = field(default_factory=TelemetryMetricsConfig)
+    resource: dict[str, Any] = field(default_factory=dict)  # accepted; attributes of the collector's own telemetry
+    traces: dict[str, Any] = field(default_factory=dict)  # accepted; the collector does not trace itself
+
+    def validate(self) -> None:
+        return None
+
+    @property
+    def log_level(self) -> str:
+        """The Python logging level name, lower case (``warn`` -> ``warning``)."""
+        return self.logs.python_level.lower()
 
 
 @dataclass
@@ -71,6 +163,7 @@ class CollectorConfig:
     pipelines: list[PipelineSpec] = field(default_factory=list)
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     source: str = "<default>"
+    extensions: list[str] = field(default_factory=list)  # service.extensions: the extension ids to run, in order
 
     def component(self, kind: str, cid: str) -> ComponentSpec:
         return self.components[f"{kind}:{cid}"]
@@ -103,7 +196,7 @@ def _expand_env(node: Any) -> Any:
 
 
 def _parse_components(section: str, data: Any, problems: list[str], out: dict[str, ComponentSpec]) -> None:
-    kind = _KINDS[section]
+    kind = _ALL_KINDS[section]
     if data is None:
         return
     if not isinstance(data, dict):
@@ -186,6 +279,24 @@ def _parse_pipelines(data: Any, components: dict[str, ComponentSpec], declared: 
     return pipelines
 
 
+_SERVICE_KEYS = ("extensions", "pipelines", "telemetry")
+
+
+def _parse_service_extensions(ids: Any, declared: set[str], problems: list[str]) -> list[str]:
+    if ids is None:
+        return []
+    if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+        problems.append(f"service.extensions: expected a list of extension ids, got {ids!r}")
+        return []
+    for cid in ids:
+        if cid not in declared:
+            problems.append(f"service.extensions: {cid!r} is not defined under extensions: "
+                            f"({did_you_mean(cid, declared)}defined: {', '.join(sorted(declared)) or 'none'})")
+    if len(set(ids)) != len(ids):
+        problems.append("service.extensions: an extension is listed twice")
+    return [cid for cid in ids if cid in declared]
+
+
 def parse(data: Any, source: str = "<config>") -> CollectorConfig:
     """Validates a loaded YAML document. Raises ConfigError listing every problem found."""
     if data is None:
@@ -198,48 +309,37 @@ def parse(data: Any, source: str = "<config>") -> CollectorConfig:
         if key not in _TOP_KEYS:
             problems.append(f"{key}: unknown top-level section ({did_you_mean(str(key), _TOP_KEYS)}known: "
                             f"{', '.join(_TOP_KEYS)})")
-    for key in ("extensions", "connectors"):
-        if data.get(key):
-            problems.append(f"{key}: not supported by otel-gpu (the health check is served on the Prometheus "
-                            f"exporter's /health); remove this section")
+    if data.get("connectors"):
+        problems.append("connectors: not supported by otel-gpu; remove this section (route with pipelines instead)")
     try:
         data = _expand_env(data)
     except ConfigError as exc:
         raise ConfigError([f"{source}: {p}" for p in exc.problems]) from None
     components: dict[str, ComponentSpec] = {}
     declared: dict[str, set[str]] = {}
-    for section in _KINDS:
+    for section in _ALL_KINDS:
         _parse_components(section, data.get(section), problems, components)
         raw = data.get(section)
         declared[section] = {str(k) for k in raw} if isinstance(raw, dict) else set()
     service = data.get("service")
     telemetry = TelemetryConfig()
     pipelines: list[PipelineSpec] = []
+    extensions: list[str] = []
     if not isinstance(service, dict):
         problems.append("service: missing; add service: {pipelines: {traces: {receivers: [...], exporters: [...]}}}")
     else:
         for key in service:
-            if key not in ("pipelines", "telemetry"):
-                problems.append(f"service.{key}: unknown setting (known: pipelines, telemetry)")
+            if key not in ("pipelines", "telemetry", "extensions"):
+                problems.append(f"service.{key}: unknown setting ({did_you_mean(str(key), _SERVICE_KEYS)}known: "
+                                f"{', '.join(_SERVICE_KEYS)})")
         pipelines = _parse_pipelines(service.get("pipelines"), components, declared, problems)
-        tel = service.get("telemetry") or {}
-        if not isinstance(tel, dict):
-            problems.append("service.telemetry: expected a mapping")
-        else:
-            flat = {}
-            logs, metrics = tel.get("logs") or {}, tel.get("metrics") or {}
-            for key in tel:
-                if key not in ("logs", "metrics"):
-                    problems.append(f"service.telemetry.{key}: unknown setting (known: logs, metrics)")
-            if isinstance(logs, dict) and "level" in logs:
-                flat["log_level"] = logs["level"]
-            if isinstance(metrics, dict) and "address" in metrics:
-                flat["metrics_address"] = metrics["address"]
-            try:
-                telemetry = build(TelemetryConfig, flat, "service.telemetry")
-            except ConfigError as exc:
-                problems.extend(exc.problems)
+        extensions = _parse_service_extensions(service.get("extensions"), declared["extensions"], problems)
+        try:
+            telemetry = build(TelemetryConfig, service.get("telemetry"), "service.telemetry")
+        except ConfigError as exc:
+            problems.extend(exc.problems)
     used = {(kind, cid) for p in pipelines for section, kind in _KINDS.items() for cid in getattr(p, section)}
+    used |= {("extension", cid) for cid in extensions}
     for key, comp in components.items():
         if (comp.kind, comp.id) not in used:
             # The OpenTelemetry Collector ignores unused components silently; we say so, since it is usually a typo.
@@ -248,7 +348,7 @@ def parse(data: Any, source: str = "<config>") -> CollectorConfig:
             logging.getLogger(__name__).warning("%ss.%s is defined but used by no pipeline", comp.kind, comp.id)
     if problems:
         raise ConfigError([f"{source}: {p}" for p in problems])
-    return CollectorConfig(components, pipelines, telemetry, source)
+    return CollectorConfig(components, pipelines, telemetry, source, extensions)
 
 
 def load_text(text: str, source: str = "<config>") -> CollectorConfig:

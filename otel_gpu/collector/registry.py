@@ -21,6 +21,8 @@ BUILTIN: dict[str, dict[str, str]] = {
         "goodput": "otel_gpu.processors.goodput",
         "memory_limiter": "otel_gpu.processors.memory_limiter",
         "compact": "otel_gpu.processors.compact",
+        "batch": "otel_gpu.processors.batch",
+        "health": "otel_gpu.processors.health",
     },
     "exporter": {
         "otlp": "otel_gpu.exporters.otlp",
@@ -28,6 +30,9 @@ BUILTIN: dict[str, dict[str, str]] = {
         "prometheus": "otel_gpu.exporters.prometheus",
         "store": "otel_gpu.exporters.store",
         "debug": "otel_gpu.exporters.debug",
+    },
+    "extension": {
+        "health_check": "otel_gpu.extensions.health_check",
     },
 }
 

@@ -18,6 +18,7 @@ import threading
 import time
 from typing import Any
 
+from otel_gpu.collector._serve import HttpEndpoint
 from otel_gpu.collector.config import CollectorConfig, ComponentSpec
 from otel_gpu.collector.telemetry import PrometheusSelfTelemetry
 from otel_gpu.component import Component, ComponentHost, Consumer, Exporter, ExportResult, LogOnce, Processor
@@ -102,7 +103,10 @@ class Collector:
                  services: dict[str, Any] | None = None):
         self.config = config
         self.telemetry = telemetry or PrometheusSelfTelemetry()
-        self.services: dict[str, Any] = {"self_telemetry_registry": self.telemetry.registry, **(services or {})}
+        self._ready = threading.Event()
+        self.services: dict[str, Any] = {"self_telemetry_registry": self.telemetry.registry,
+                                         "ready": self._ready.is_set, **(services or {})}
+        self._telemetry_endpoints: list[HttpEndpoint] = []
         self._components: dict[str, Component] = {}  # "<kind>:<id>" -> instance
         self._hosts: dict[str, ComponentHost] = {}
         self._started: list[str] = []
@@ -143,6 +147,8 @@ class Collector:
             for cid in pipe.receivers:
                 self._instance(cfg.component("receiver", cid))
                 receiver_next.setdefault(cid, {}).setdefault(pipe.signal, []).append(head)
+        for cid in cfg.extensions:
+            self._instance(cfg.component("extension", cid))
         # A processor's host.emit() goes to what follows it, in every pipeline of the batch's signal.
         for cid, by_signal in processor_next.items():
             host = self._hosts[f"processor:{cid}"]
@@ -156,12 +162,42 @@ class Collector:
 
     # -- lifecycle -----------------------------------------------------------------------------------------------
     def _ordered(self) -> list[str]:
-        order = {"exporter": 0, "processor": 1, "receiver": 2}
-        return sorted(self._components, key=lambda k: order[k.partition(":")[0]])
+        order = {"extension": -1, "exporter": 0, "processor": 1, "receiver": 2}
+        extensions = self.config.extensions
+        return sorted(self._components, key=lambda k: (order[k.partition(":")[0]], extensions.index(
+            k.partition(":")[2]) if k.startswith("extension:") else 0))
+
+    @property
+    def telemetry_ports(self) -> list[int]:
+        """Ports serving ``service.telemetry.metrics`` (useful with port 0)."""
+        return [e.port for e in self._telemetry_endpoints]
+
+    def _serve_self_metrics(self, method: str, path: str):
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        if path != "/metrics":
+            return 404, "text/plain; charset=utf-8", b"not found: the collector's own metrics are at /metrics\n"
+        return 200, CONTENT_TYPE_LATEST, generate_latest(self.telemetry.registry)
+
+    def _start_telemetry(self) -> None:
+        for host, port in self.config.telemetry.metrics.addresses():
+            try:
+                endpoint = HttpEndpoint(host, port, self._serve_self_metrics, "otel-gpu-self-metrics")
+            except OSError as exc:
+                raise StartError(f"service.telemetry.metrics: cannot listen on {host}:{port}: "
+                                 f"{exc.strerror or exc}; set another address or level: none") from None
+            endpoint.start()
+            self._telemetry_endpoints.append(endpoint)
+            _logger.info("collector's own metrics on http://%s:%d/metrics", host, endpoint.port)
 
     def start(self) -> None:
         """Starts every component; on failure stops what started and raises :class:`StartError`."""
         with self._lock:
+            try:
+                self._start_telemetry()
+            except StartError:
+                self._shutdown_locked(timeout_s=5.0)
+                raise
             for key in self._ordered():
                 kind, _, cid = key.partition(":")
                 try:
@@ -170,11 +206,13 @@ class Collector:
                     self._shutdown_locked(timeout_s=5.0)
                     raise StartError(f"{kind}s.{cid}: could not start: {exc}") from exc
                 self._started.append(key)
+            self._ready.set()
             _logger.info("otel-gpu collector started: %s", ", ".join(
                 f"{p.name} [{', '.join(p.receivers)} -> {', '.join(p.processors) or '-'} -> {', '.join(p.exporters)}]"
                 for p in self.config.pipelines))
 
     def _shutdown_locked(self, timeout_s: float) -> None:
+        self._ready.clear()
         deadline = time.monotonic() + timeout_s
         for key in reversed(self._started):
             component = self._components[key]
@@ -186,6 +224,9 @@ class Collector:
             except Exception:  # noqa: BLE001
                 _logger.exception("%s: error during shutdown", key.replace(":", "s.", 1))
         self._started.clear()
+        for endpoint in self._telemetry_endpoints:
+            endpoint.stop(1.0)
+        self._telemetry_endpoints.clear()
         self._stopped.set()
 
     def shutdown(self, timeout_s: float = 10.0) -> None:

@@ -1,13 +1,14 @@
 """Auto-instrumentation of PyTorch training: steps, every collective (DDP/FSDP included through torch's flight
 recorder), data-loader waits, checkpoints, an in-flight watchdog and crash hooks, exported over OTLP.
 
-Example:
-    >>> import otel_gpu
-    >>> otel_gpu.instrument(heartbeat_s=2.0)          # doctest: +SKIP
-    >>> for n, batch in enumerate(loader):              # doctest: +SKIP
-    ...     loss = model(batch).sum(); loss.backward(); opt.step()   # steps come from the optimizer hook
-    >>> with otel_gpu.checkpoint("ckpt.pt"):            # doctest: +SKIP
-    ...     torch.save(model.state_dict(), "ckpt.pt")
+Example::
+
+    import otel_gpu
+    otel_gpu.instrument(heartbeat_s=2.0)
+    for n, batch in enumerate(loader):
+        loss = model(batch).sum(); loss.backward(); opt.step()   # steps come from the optimizer hook
+    with otel_gpu.checkpoint("ckpt.pt"):
+        torch.save(model.state_dict(), "ckpt.pt")
 
 The same from outside the program: ``opentelemetry-instrument python train.py`` (entry point
 ``opentelemetry_instrumentor: otel_gpu``), ``otel-gpu run -- torchrun ... train.py`` or ``import otel_gpu.auto``.
@@ -30,9 +31,17 @@ from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 
 from otel_gpu.instrumentation import _hot
 from otel_gpu.instrumentation._hot import CKPT, DATA, NS
-from otel_gpu.instrumentation.config import InstrumentationConfig
+from otel_gpu.instrumentation.config import InstrumentationConfig, signal_routes, unsupported_settings
 
 _logger = logging.getLogger(__name__)
+_LOGGED: set[str] = set()
+
+
+def _log_once(key: str, level: int, msg: str, *args) -> None:
+    """Once per process: a re-instrument (or a second rank thread) does not repeat what the first one said."""
+    if key not in _LOGGED:
+        _LOGGED.add(key)
+        _logger.log(level, msg, *args)
 
 __all__ = ["TorchDistributedInstrumentor", "InstrumentationConfig", "instrument", "uninstrument", "step",
            "checkpoint", "flush", "is_instrumented", "COLLECTIVES"]
@@ -357,6 +366,17 @@ class TorchDistributedInstrumentor(BaseInstrumentor):
 
         options = {k: v for k, v in kwargs.items() if k not in _OTEL_KWARGS}
         cfg = InstrumentationConfig.from_env(**options)
+        if cfg.sdk_disabled:
+            _log_once("disabled", logging.INFO, "otel-gpu: OTEL_SDK_DISABLED=true: instrumentation is off in this "
+                      "process (nothing is wrapped or exported)")
+            return
+        for var, value, instead in unsupported_settings():
+            _log_once(var, logging.WARNING, "otel-gpu: %s=%s has no effect on otel-gpu's export path: %s", var,
+                      value, instead)
+        for signal, route in signal_routes(cfg).items():
+            if signal == "logs" and not route.otlp:
+                _log_once("logs-off", logging.WARNING, "otel-gpu: OTEL_LOGS_EXPORTER has no otlp: heartbeats, stacks "
+                          "and exceptions are not sent, so hangs and crashes cannot be attributed")
         _hot.reset(cfg.ring_size)
         rt = _runtime.Runtime(cfg)
         rt.enable_flight_recorder()  # TORCH_FR_BUFFER_SIZE, before any process group is created from now on

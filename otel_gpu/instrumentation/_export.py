@@ -11,15 +11,18 @@ signal it has no pipeline for, INVALID_ARGUMENT, HTTP 4xx) drops that request (`
 """
 from __future__ import annotations
 
+import base64
+import collections
+import gzip
 import json
 import logging
 import os
 import sys
 import threading
-import collections
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass, field
 
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
@@ -86,8 +89,14 @@ def trace_request(resource: resource_pb2.Resource):
     return req, ss
 
 
+#: (attribute count limit, value length limit) of log records (OTEL_LOGRECORD_ATTRIBUTE_* / OTEL_ATTRIBUTE_*); None: none
+LOG_LIMITS: tuple[int | None, int | None] | None = None
+
+
 def logs_request(resource: resource_pb2.Resource, records: list[tuple[str, int, dict, dict, int]]):
     """records: (event_name, time_ns, attributes, body (JSON-able), severity_number)."""
+    from otel_gpu.instrumentation._pbenc import limited
+
     req = logs_service_pb2.ExportLogsServiceRequest()
     rl = req.resource_logs.add()
     rl.resource.CopyFrom(resource)
@@ -101,6 +110,8 @@ def logs_request(resource: resource_pb2.Resource, records: list[tuple[str, int, 
         lr.severity_number = severity
         lr.severity_text = logs_pb2.SeverityNumber.Name(severity).replace("SEVERITY_NUMBER_", "")
         lr.body.string_value = json.dumps(body, default=str, separators=(",", ":"))
+        if LOG_LIMITS is not None:
+            attrs = limited(attrs, LOG_LIMITS)
         for k, v in attrs.items():
             if v is not None:
                 set_attr(lr.attributes, k, v)
@@ -150,14 +161,74 @@ def _permanent(exc: BaseException) -> bool:
 _DRAIN_BUDGET_S = 1.0  # longest one call spends re-sending the buffer (the watchdog's heartbeats go through here)
 
 
+SIGNALS = ("traces", "metrics", "logs")
+
+
+@dataclass
+class Route:
+    """Where and how one signal is sent (from the OTEL_EXPORTER_OTLP_* variables, see config.signal_routes).
+
+    ``url`` is the full URL for HTTP (``.../v1/traces``) and ``[scheme://]host:port`` for gRPC; ``secure`` decides TLS
+    for a gRPC endpoint; ``otlp`` False drops the signal (OTEL_*_EXPORTER=none or console only); ``console`` also
+    writes each request as one OTLP/JSON line to stdout."""
+
+    url: str
+    protocol: str = "grpc"  # grpc | http/protobuf
+    headers: dict[str, str] = field(default_factory=dict)
+    timeout_s: float = 2.0
+    compression: str = "none"  # none | gzip
+    secure: bool = False
+    ca_file: str = ""
+    cert_file: str = ""
+    key_file: str = ""
+    otlp: bool = True
+    console: bool = False
+
+    @property
+    def tls_files(self) -> tuple[str, str, str]:
+        return self.ca_file, self.cert_file, self.key_file
+
+
+def signal_url(endpoint: str, protocol: str, signal: str) -> str:
+    """The generic endpoint (OTEL_EXPORTER_OTLP_ENDPOINT) for one signal: HTTP appends ``/v1/<signal>`` to its path
+    (``http://h:4318/base`` -> ``http://h:4318/base/v1/traces``), gRPC uses it as it is.
+
+    >>> signal_url("http://c:4318/otlp/", "http/protobuf", "logs"), signal_url("c:4317", "grpc", "logs")
+    ('http://c:4318/otlp/v1/logs', 'c:4317')
+    """
+    if protocol == "grpc":
+        return endpoint
+    url = endpoint.rstrip("/")
+    if not url.startswith(("http://", "https://")):
+        url = "http://" + url
+    return f"{url}/v1/{signal}"
+
+
 def _tls_files_from_env() -> tuple[str, str, str]:
-    """(CA, client certificate, client key) file paths from the standard OTEL_EXPORTER_OTLP_* variables ("" when unset).
-    The traces-specific variables win, as the OTel SDK's exporters do."""
-    out = []
-    for name in ("CERTIFICATE", "CLIENT_CERTIFICATE", "CLIENT_KEY"):
-        out.append(os.environ.get(f"OTEL_EXPORTER_OTLP_TRACES_{name}") or os.environ.get(f"OTEL_EXPORTER_OTLP_{name}")
-                   or "")
-    return out[0], out[1], out[2]
+    """(CA, client certificate, client key) file paths from the generic OTEL_EXPORTER_OTLP_* variables."""
+    return tuple(os.environ.get(f"OTEL_EXPORTER_OTLP_{name}") or ""  # type: ignore[return-value]
+                 for name in ("CERTIFICATE", "CLIENT_CERTIFICATE", "CLIENT_KEY"))
+
+
+def to_json_line(signal: str, data: bytes) -> str:
+    """An export request as one line of OTLP/JSON (ids in hex): what ``OTEL_*_EXPORTER=console`` writes."""
+    from google.protobuf import json_format
+
+    from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
+
+    cls = {"traces": trace_service_pb2.ExportTraceServiceRequest, "logs": logs_service_pb2.ExportLogsServiceRequest,
+           "metrics": metrics_service_pb2.ExportMetricsServiceRequest}[signal]
+    doc = json_format.MessageToDict(cls.FromString(data))
+
+    def hexify(node: object) -> object:
+        if isinstance(node, dict):
+            return {k: (base64.b64decode(v).hex() if k in ("traceId", "spanId", "parentSpanId") and isinstance(v, str)
+                        else hexify(v)) for k, v in node.items()}
+        if isinstance(node, list):
+            return [hexify(v) for v in node]
+        return node
+
+    return json.dumps(hexify(doc), separators=(",", ":"))
 
 
 def _read_file(path: str) -> bytes | None:
@@ -182,11 +253,18 @@ class OtlpClient:
     """
 
     def __init__(self, endpoint: str, protocol: str = "grpc", headers: dict[str, str] | None = None,
-                 timeout_s: float = 2.0, buffer_mib: float | None = None):
+                 timeout_s: float = 2.0, buffer_mib: float | None = None, routes: dict[str, Route] | None = None):
         self.endpoint = endpoint
         self.protocol = protocol
         self.headers = dict(headers or {})
         self.timeout_s = timeout_s
+        if routes is None:
+            ca, cert, key = _tls_files_from_env()
+            routes = {sig: Route(signal_url(endpoint, protocol, sig), protocol, dict(self.headers), timeout_s,
+                                 secure=endpoint.startswith("https://"), ca_file=ca, cert_file=cert, key_file=key)
+                      for sig in SIGNALS}
+        self.routes: dict[str, Route] = routes
+        self.timeout_s = max(r.timeout_s for r in routes.values())
         self.sent = 0
         self.failed = 0
         self.dropped_backoff = 0  # requests refused without an attempt: down and the buffer full
@@ -203,71 +281,78 @@ class OtlpClient:
         self._down_until = 0.0
         self._backoff_s = 0.5
         self._warned = False
-        self._channel = None
-        self._tls = _tls_files_from_env()
-        self._ssl_context = None
-        self._trace_stub = None
-        self._logs_stub = None
+        self._channels: dict[tuple, object] = {}  # (target, secure, tls files) -> grpc channel
+        self._calls: dict[str, object] = {}  # signal -> raw unary-unary callable
+        self._ssl_contexts: dict[tuple, object] = {}
+        self._console_lock = threading.Lock()
 
-    def _grpc_stubs(self):
-        if self._trace_stub is None:
-            if "grpc" not in sys.modules and "GRPC_ENABLE_FORK_SUPPORT" not in os.environ:
-                # DataLoader workers fork while our export thread may be inside gRPC: without this, gRPC logs
-                # "skipping fork() handlers" at every fork. Children never use our channel (instrumentation is off
-                # after fork). Read once at import; not left in the environment for the user's own processes.
-                os.environ["GRPC_ENABLE_FORK_SUPPORT"] = "false"
-                try:
-                    import grpc
-                finally:
-                    os.environ.pop("GRPC_ENABLE_FORK_SUPPORT", None)
-            import grpc
-            from opentelemetry.proto.collector.logs.v1 import logs_service_pb2_grpc
-            from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
+    def _grpc_call(self, signal: str, route: Route):
+        call = self._calls.get(signal)
+        if call is not None:
+            return call
+        if "grpc" not in sys.modules and "GRPC_ENABLE_FORK_SUPPORT" not in os.environ:
+            # DataLoader workers fork while our export thread may be inside gRPC: without this, gRPC logs
+            # "skipping fork() handlers" at every fork. Children never use our channel (instrumentation is off
+            # after fork). Read once at import; not left in the environment for the user's own processes.
+            os.environ["GRPC_ENABLE_FORK_SUPPORT"] = "false"
+            try:
+                import grpc
+            finally:
+                os.environ.pop("GRPC_ENABLE_FORK_SUPPORT", None)
+        import grpc
 
-            target = self.endpoint
-            secure = target.startswith("https://")
-            for prefix in ("http://", "https://", "grpc://"):
-                if target.startswith(prefix):
-                    target = target[len(prefix):]
-            target = target.rstrip("/")
+        target = route.url
+        for prefix in ("http://", "https://", "grpc://"):
+            if target.startswith(prefix):
+                target = target[len(prefix):]
+        target = target.rstrip("/")
+        key = (target, route.secure, route.tls_files)
+        channel = self._channels.get(key)
+        if channel is None:
             # reconnect within seconds once the collector is back (gRPC's default backoff grows to 120 s)
             opts = [("grpc.max_send_message_length", 32 * 1024 * 1024), ("grpc.enable_retries", 0),
                     ("grpc.initial_reconnect_backoff_ms", 500), ("grpc.min_reconnect_backoff_ms", 500),
                     ("grpc.max_reconnect_backoff_ms", 1000)]
-            if secure:
-                ca, cert, key = (_read_file(f) for f in self._tls)
-                creds = grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
-                self._channel = grpc.secure_channel(target, creds, options=opts)
+            if route.secure:
+                ca, cert, key_file = (_read_file(f) for f in route.tls_files)
+                creds = grpc.ssl_channel_credentials(root_certificates=ca, private_key=key_file,
+                                                     certificate_chain=cert)
+                channel = grpc.secure_channel(target, creds, options=opts)
             else:
-                self._channel = grpc.insecure_channel(target, options=opts)
-            self._trace_stub = trace_service_pb2_grpc.TraceServiceStub(self._channel)
-            self._logs_stub = logs_service_pb2_grpc.LogsServiceStub(self._channel)
-            # the same methods taking pre-serialized request bytes
-            self._raw_trace = self._channel.unary_unary(
-                "/opentelemetry.proto.collector.trace.v1.TraceService/Export", request_serializer=None,
-                response_deserializer=None)
-            self._raw_logs = self._channel.unary_unary(
-                "/opentelemetry.proto.collector.logs.v1.LogsService/Export", request_serializer=None,
-                response_deserializer=None)
-            self._raw_metrics = self._channel.unary_unary(
-                "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export", request_serializer=None,
-                response_deserializer=None)
-        return self._trace_stub, self._logs_stub
+                channel = grpc.insecure_channel(target, options=opts)
+            self._channels[key] = channel
+        service = {"traces": "trace.v1.TraceService", "logs": "logs.v1.LogsService",
+                   "metrics": "metrics.v1.MetricsService"}[signal]
+        # the Export method taking pre-serialized request bytes
+        call = channel.unary_unary(f"/opentelemetry.proto.collector.{service}/Export", request_serializer=None,
+                                   response_deserializer=None)
+        self._calls[signal] = call
+        return call
 
-    def _https_context(self, url: str):
-        """The TLS context of OTLP/HTTP: OTEL_EXPORTER_OTLP_CERTIFICATE (trusted CA) and the client certificate and key
-        of mutual TLS, when set; None (urllib's default) otherwise."""
-        if not url.startswith("https://") or not any(self._tls):
+    def _https_context(self, route: Route):
+        """The TLS context of OTLP/HTTP: the trusted CA (OTEL_EXPORTER_OTLP_[SIGNAL_]CERTIFICATE) and the client
+        certificate and key of mutual TLS, when set; None (urllib's default) otherwise."""
+        if not route.url.startswith("https://") or not any(route.tls_files):
             return None
-        if self._ssl_context is None:
+        ctx = self._ssl_contexts.get(route.tls_files)
+        if ctx is None:
             import ssl
 
-            ca, cert, key = self._tls
+            ca, cert, key = route.tls_files
             ctx = ssl.create_default_context(cafile=ca or None)
             if cert:
                 ctx.load_cert_chain(cert, key or None)
-            self._ssl_context = ctx
-        return self._ssl_context
+            self._ssl_contexts[route.tls_files] = ctx
+        return ctx
+
+    def _console(self, signal: str, data: bytes) -> None:
+        try:
+            line = to_json_line(signal, data)
+            with self._console_lock:
+                sys.stdout.write(line + "\n")
+                sys.stdout.flush()
+        except Exception:  # noqa: BLE001 - telemetry never raises into the host
+            _logger.debug("otel-gpu: console export failed", exc_info=True)
 
     @property
     def buffer_requests(self) -> int:
@@ -277,19 +362,24 @@ class OtlpClient:
         """One attempt: _OK, _RETRY (unreachable, overloaded: starts or extends the backoff) or _REJECTED (the
         collector answered with a permanent error, e.g. UNIMPLEMENTED for a signal it has no pipeline for, or HTTP
         400: sending it again cannot help, and the collector is up)."""
+        route = self.routes[signal]
         try:
-            if self.protocol == "http/protobuf":
-                url = self.endpoint.rstrip("/")
-                if not url.startswith("http"):
-                    url = "http://" + url
-                req = urllib.request.Request(url + f"/v1/{signal}", data=data, method="POST",
-                                             headers={"Content-Type": "application/x-protobuf", **self.headers})
-                with urllib.request.urlopen(req, timeout=self.timeout_s, context=self._https_context(url)) as resp:
+            if route.protocol == "http/protobuf":
+                headers = {"Content-Type": "application/x-protobuf", **route.headers}
+                if route.compression == "gzip":
+                    data = gzip.compress(data, compresslevel=5)
+                    headers["Content-Encoding"] = "gzip"
+                req = urllib.request.Request(route.url, data=data, method="POST", headers=headers)
+                with urllib.request.urlopen(req, timeout=route.timeout_s, context=self._https_context(route)) as resp:
                     resp.read()
             else:
-                self._grpc_stubs()
-                call = {"traces": self._raw_trace, "logs": self._raw_logs, "metrics": self._raw_metrics}[signal]
-                call(data, timeout=self.timeout_s, metadata=tuple(self.headers.items()) or None)
+                call = self._grpc_call(signal, route)
+                kwargs = {}
+                if route.compression == "gzip":
+                    import grpc
+
+                    kwargs["compression"] = grpc.Compression.Gzip
+                call(data, timeout=route.timeout_s, metadata=tuple(route.headers.items()) or None, **kwargs)
         except Exception as exc:  # noqa: BLE001 - telemetry never raises into the host
             if _permanent(exc):
                 with self._lock:
@@ -352,7 +442,14 @@ class OtlpClient:
 
     def _send(self, signal: str, request) -> bool:
         """True when delivered or buffered for delivery; False when refused (buffer full): count it as dropped."""
+        route = self.routes[signal]
+        if not route.otlp:  # OTEL_<SIGNAL>_EXPORTER without otlp
+            if route.console:
+                self._console(signal, request if isinstance(request, bytes) else request.SerializeToString())
+            return True
         data = request if isinstance(request, bytes) else request.SerializeToString()
+        if route.console:
+            self._console(signal, data)
         with self._lock:
             queued = bool(self._buffer) or time.monotonic() < self._down_until
             accepted = queued and self._buffer_locked(signal, data, count=False)
@@ -410,8 +507,8 @@ class OtlpClient:
             _logger.warning("otel-gpu: %d telemetry requests (%d spans and log records) were still buffered for %s "
                             "when the process ended (the collector was still down) and are lost",
                             len(self._buffer), items, self.endpoint)
-        if self._channel is not None:
+        for channel in self._channels.values():
             try:
-                self._channel.close()
+                channel.close()
             except Exception:  # noqa: BLE001
                 pass

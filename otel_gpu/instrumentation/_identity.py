@@ -1,4 +1,24 @@
-"""Who this process is: the resource attributes on everything the instrumentation sends (schema.identity)."""
+"""Who this process is: the resource attributes on everything the instrumentation sends (schema.identity).
+
+Precedence, as in the OpenTelemetry SDK: what the user set wins. ``service.name`` is ``OTEL_SERVICE_NAME`` (or the
+``service_name`` option), else ``service.name`` from ``OTEL_RESOURCE_ATTRIBUTES``, else ``otel-gpu-training``;
+``host.name`` is the one from ``OTEL_RESOURCE_ATTRIBUTES`` (on Kubernetes: the node name from the Downward API), else
+``k8s.node.name`` from there, else this machine's host name (a pod name in a container). The GPU is named by its UUID
+when torch has started CUDA (``torch.cuda.get_device_properties(i).uuid``) or ``CUDA_VISIBLE_DEVICES`` lists UUIDs,
+so that the collector joins it with NVML's devices however the container numbers them.
+
+Example:
+    >>> ident = Identity("job-1", None, {"host.name": "gpu-node-7", "service.name": "llama"})
+    >>> a = ident.attributes()
+    >>> (a["host.name"], a["service.name"], a["training.job.id"])
+    ('gpu-node-7', 'llama', 'job-1')
+    >>> Identity("job-1", "explicit", {"service.name": "llama"}).attributes()["service.name"]
+    'explicit'
+    >>> nvml_index_from_visible_devices(1, "4,5,6")
+    5
+    >>> net_interfaces_from_env({"NCCL_SOCKET_IFNAME": "eth0", "NCCL_IB_HCA": "=mlx5_0:1,mlx5_1"})
+    'eth0,=mlx5_0:1,mlx5_1'
+"""
 from __future__ import annotations
 
 import logging
@@ -31,19 +51,75 @@ def job_id_from_env(explicit: str | None = None) -> str:
     return job
 
 
+DEFAULT_SERVICE_NAME = "otel-gpu-training"
+
+
+def _uuid_text(value: object) -> str | None:
+    """torch's device UUID (a ``_CUuuid`` printing as 8-4-4-4-12 hex, or bytes on some builds) in NVML's form
+    ``GPU-<8-4-4-4-12>``; None when there is none."""
+    if value is None:
+        return None
+    if isinstance(value, (bytes, bytearray)):
+        if len(value) != 16 or not any(value):
+            return None
+        text = str(uuid.UUID(bytes=bytes(value)))
+    else:
+        text = str(value).strip()
+    if not text or set(text) <= {"0", "-"}:
+        return None
+    return text if text.startswith(("GPU-", "MIG-")) else f"GPU-{text}"
+
+
+def _visible(visible: str | None) -> list[str]:
+    return [v.strip() for v in (visible or "").split(",") if v.strip()]
+
+
+def nvml_index_from_visible_devices(cuda_index: int, visible: str | None) -> int:
+    """The NVML index of CUDA device ``cuda_index``: ``CUDA_VISIBLE_DEVICES=4,5`` makes CUDA device 1 NVML's 5.
+    Without the variable (or with UUIDs in it) the CUDA index is the best guess left; the UUID is the real join."""
+    entries = _visible(visible)
+    if 0 <= cuda_index < len(entries) and entries[cuda_index].isdigit():
+        return int(entries[cuda_index])
+    return cuda_index
+
+
+def uuid_from_visible_devices(cuda_index: int, visible: str | None) -> str | None:
+    """``CUDA_VISIBLE_DEVICES=GPU-8a...,GPU-3f...`` (what container runtimes often set) names the UUID directly."""
+    entries = _visible(visible)
+    if 0 <= cuda_index < len(entries) and entries[cuda_index].startswith(("GPU-", "MIG-")):
+        return entries[cuda_index]
+    return None
+
+
+def net_interfaces_from_env(environ: dict[str, str] | os._Environ) -> str | None:
+    """The interfaces the job's collectives use, as the user told gloo / NCCL (exclusions, ``^...``, say nothing
+    usable and are left out); None when unset, and the collector falls back to the ports up at job start."""
+    names: list[str] = []
+    for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "NCCL_IB_HCA"):
+        for item in (environ.get(var) or "").split(","):
+            item = item.strip()
+            if item and not item.startswith("^") and item not in names:
+                names.append(item)
+    return ",".join(names) or None
+
+
 class Identity:
     """Resource attributes; rank and world size are refreshed when the default process group is created."""
 
-    def __init__(self, job_id: str, service_name: str, extra: dict[str, str]):
+    def __init__(self, job_id: str, service_name: str | None, extra: dict[str, str]):
         self.job_id = job_id
-        self.service_name = service_name
         self.extra = dict(extra)
+        # The config's default service name stands for "not set": then OTEL_RESOURCE_ATTRIBUTES' service.name wins.
+        explicit = service_name if service_name and service_name != DEFAULT_SERVICE_NAME else None
+        self.service_name = explicit or self.extra.get(str(ids.SERVICE_NAME)) or DEFAULT_SERVICE_NAME
         self.rank = _int_env("RANK")
         self.local_rank = _int_env("LOCAL_RANK")
         self.world_size = _int_env("WORLD_SIZE")
         self.restart_count = _int_env("TORCHELASTIC_RESTART_COUNT")
-        self.host = socket.gethostname()
+        self.host = (self.extra.get(str(ids.HOST_NAME)) or self.extra.get("k8s.node.name")
+                     or socket.gethostname())
         self.pid = os.getpid()
+        self.net_interfaces = net_interfaces_from_env(os.environ)
         self.gpu_index: int | None = None
         self.gpu_uuid: str | None = None
         self.version = 0  # bumped on every change, so encoders can cache
@@ -60,19 +136,30 @@ class Identity:
         self.refresh_gpu()
         self.version += 1
 
-    def refresh_gpu(self) -> None:
+    def refresh_gpu(self) -> bool:
+        """Reads the CUDA device once the program has started CUDA; True (and ``version`` bumped) when it changed.
+
+        Never initialises CUDA itself (that would take a GPU context the program did not ask for, and on a CPU
+        machine there is nothing to read). Cheap enough to call at every export until a GPU is known.
+        """
         torch = sys.modules.get("torch")
         try:
-            # Never initialise CUDA from here: only read it when the program already did.
-            if torch is not None and torch.cuda.is_initialized():
-                idx = torch.cuda.current_device()
-                self.gpu_index = idx
-                uuid_ = getattr(torch.cuda.get_device_properties(idx), "uuid", None)
-                if uuid_ is not None:
-                    text = str(uuid_)
-                    self.gpu_uuid = text if text.startswith("GPU-") else f"GPU-{text}"
-        except Exception:  # noqa: BLE001
+            if torch is None or not torch.cuda.is_initialized():
+                return False
+            cuda_index = torch.cuda.current_device()
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+            index = nvml_index_from_visible_devices(cuda_index, visible)
+            uuid_ = _uuid_text(getattr(torch.cuda.get_device_properties(cuda_index), "uuid", None))
+            if uuid_ is None:
+                uuid_ = uuid_from_visible_devices(cuda_index, visible)
+        except Exception:  # noqa: BLE001 - identity is best effort; an old torch or a broken driver says nothing
             _logger.debug("could not read the CUDA device", exc_info=True)
+            return False
+        if (index, uuid_) == (self.gpu_index, self.gpu_uuid):
+            return False
+        self.gpu_index, self.gpu_uuid = index, uuid_
+        self.version += 1
+        return True
 
     def attributes(self) -> dict[str, object]:
         attrs: dict[str, object] = dict(self.extra)
@@ -82,7 +169,8 @@ class Identity:
         attrs[str(ids.PROCESS_PID)] = self.pid
         for key, value in ((ids.RANK, self.rank), (ids.LOCAL_RANK, self.local_rank),
                            (ids.WORLD_SIZE, self.world_size), (ids.RESTART_COUNT, self.restart_count),
-                           (ids.GPU_INDEX, self.gpu_index), (ids.GPU_UUID, self.gpu_uuid)):
+                           (ids.GPU_INDEX, self.gpu_index), (ids.GPU_UUID, self.gpu_uuid),
+                           (ids.NET_INTERFACES, self.net_interfaces)):
             if value is not None:
                 attrs[str(key)] = value
         return attrs

@@ -65,6 +65,30 @@ def attribute(field: int, key: str, value) -> bytes:
     return enc
 
 
+#: (attribute count limit, value length limit) of spans, from OTEL_SPAN_ATTRIBUTE_* / OTEL_ATTRIBUTE_*; None: no limits
+#: (the default, and then the encoding costs what it did before limits existed).
+LIMITS: tuple[int | None, int | None] | None = None
+
+
+def limited(attrs: dict, limits: tuple[int | None, int | None]) -> dict:
+    """``attrs`` within (count, value length) limits: strings (and strings in lists) cut, attributes past the count
+    dropped, as the SDK's attribute limits do."""
+    count, length = limits
+    out = {}
+    for k, v in attrs.items():
+        if v is None:
+            continue
+        if count is not None and len(out) >= count:
+            break
+        if length is not None:
+            if isinstance(v, str):
+                v = v[:length]
+            elif isinstance(v, (list, tuple)):
+                v = [x[:length] if isinstance(x, str) else x for x in v]
+        out[k] = v
+    return out
+
+
 def span(name: str, trace_id: bytes, span_id: bytes, parent_id: bytes | None, start_ns: int, end_ns: int,
          attrs: dict, error: str | None = None) -> bytes:
     parts = [b"\x0a\x10", trace_id, b"\x12\x08", span_id]
@@ -78,6 +102,8 @@ def span(name: str, trace_id: bytes, span_id: bytes, parent_id: bytes | None, st
     parts.append(b"\x30\x01")  # kind = SPAN_KIND_INTERNAL
     parts.append(b"\x39" + _pack_q(start_ns))
     parts.append(b"\x41" + _pack_q(max(end_ns, start_ns)))
+    if LIMITS is not None:
+        attrs = limited(attrs, LIMITS)
     for k, v in attrs.items():
         if v is not None:
             parts.append(attribute(9, k, v))

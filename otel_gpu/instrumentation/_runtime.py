@@ -24,7 +24,7 @@ from otel_gpu import jobid
 from otel_gpu.instrumentation import _export, _flight, _hot, _pbenc, _registry
 from otel_gpu.instrumentation._hot import CKPT, COLL, DATA, NS, STEP, WAIT
 from otel_gpu.instrumentation._identity import Identity, job_id_from_env
-from otel_gpu.instrumentation.config import InstrumentationConfig
+from otel_gpu.instrumentation.config import InstrumentationConfig, attribute_limits, signal_routes
 from otel_gpu.schema import identity as ids
 from otel_gpu.schema import training as tr
 
@@ -105,7 +105,10 @@ class Runtime:
         self.job_id = job_id_from_env(cfg.job_id)
         self.identity = Identity(self.job_id, cfg.service_name, cfg.resource_attributes)
         self._started_mono = time.monotonic()
-        self.client = _export.OtlpClient(cfg.endpoint, cfg.protocol, cfg.headers, cfg.export_timeout_s)
+        self.client = _export.OtlpClient(cfg.endpoint, cfg.protocol, cfg.headers, cfg.export_timeout_s,
+                                         routes=signal_routes(cfg))
+        limits = attribute_limits()
+        _pbenc.LIMITS, _export.LOG_LIMITS = limits["spans"], limits["logs"]
         self.fr = _flight.FlightRecorder()
         self.fr_enabled = False
         self.fr_inbox: list[dict] = []  # entries read by either thread, for the export thread
@@ -261,9 +264,9 @@ class Runtime:
             _registry.append_event(folder, {"rank": self.identity.rank, **event})
 
     def resource(self):
+        if self.identity.gpu_index is None:
+            self.identity.refresh_gpu()  # CUDA often starts after the process group (model.cuda()); bumps version
         if self._res_version != self.identity.version or self._resource is None:
-            if self.identity.gpu_index is None:
-                self.identity.refresh_gpu()
             self._resource = _export.make_resource(self.identity.attributes())
             self._res_version = self.identity.version
         return self._resource

@@ -12,11 +12,11 @@ This package imports nothing else of otel-gpu, so every other part may import it
 """
 from __future__ import annotations
 
-from otel_gpu.schema import collector, failure, gpu, identity, nic, training
+from otel_gpu.schema import collector, failure, gpu, health, identity, nic, training
 from otel_gpu.schema._model import REGISTRY, Attr, EventDef, Metric, MetricType, SpanDef
 
 __all__ = ["REGISTRY", "Attr", "EventDef", "Metric", "MetricType", "SpanDef", "collector", "failure", "gpu",
-           "identity", "nic", "training", "render_markdown"]
+           "health", "identity", "nic", "training", "render_markdown"]
 
 
 def render_markdown() -> str:

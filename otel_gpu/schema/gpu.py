@@ -1,7 +1,10 @@
 """GPU health metrics and XID events (receivers: nvml, xid). hw.* semantic conventions where they exist.
 
 Every GPU data point carries the GPU's identity (:data:`GPU_ATTRS`: ``gpu.index``, ``hw.id`` = UUID,
-``gpu.pci.bus_id``, ``hw.name``, ``hw.type`` = ``gpu``); ``host.name`` is a resource attribute.
+``gpu.pci.bus_id``, ``hw.model`` = product name, ``hw.vendor``, ``hw.driver_version``, ``hw.type`` = ``gpu``);
+``host.name`` is a resource attribute. Names marked ``semconv`` are the OpenTelemetry semantic conventions' (a test
+checks name, instrument, unit and meaning against the installed ``opentelemetry-semantic-conventions``); the others
+are otel-gpu's own ``gpu.*`` namespace, which the conventions do not use.
 
 Example:
     >>> from otel_gpu.schema import gpu
@@ -15,7 +18,8 @@ from __future__ import annotations
 import enum
 
 from otel_gpu.schema._model import MetricType, attr, enumeration, event, metric
-from otel_gpu.schema.identity import GPU_INDEX, GPU_PCI_BUS_ID, HW_ID, HW_NAME, HW_TYPE, PROCESS_PID
+from otel_gpu.schema.identity import (GPU_INDEX, GPU_PCI_BUS_ID, HW_DRIVER_VERSION, HW_ID, HW_MODEL, HW_NAME,
+                                     HW_TYPE, HW_VENDOR, PROCESS_PID)
 
 _G = "GPU health"
 _GA = "GPU health attributes"
@@ -57,7 +61,8 @@ class HwState(str, enum.Enum):
 # -- attributes ---------------------------------------------------------------------------------------------------
 SENSOR = attr("hw.sensor_location", "string", "Where a temperature is measured: gpu (die) or memory (HBM).",
               group=_GA, values=("gpu", "memory"), semconv=True)
-ERROR_TYPE = attr("error.type", "string", "Kind of error counted by hw.errors / gpu.nvlink.errors / nic errors.",
+ERROR_TYPE = attr("error.type", "string", "Kind of error counted by hw.errors (GPU: corrected, uncorrected; NIC: the "
+                  "sysfs counter, e.g. symbol_error, rx_crc_errors), gpu.nvlink.errors and otel_gpu.nic.errors.rate.",
                   group=_GA, semconv=True)
 HW_STATE = attr("hw.state", "string", "Hardware state of hw.status.", group=_GA, values=HwState, semconv=True)
 CLOCK_DOMAIN = attr("gpu.clock.domain", "string", "Clock domain.", group=_GA, values=("sm", "memory"))
@@ -75,32 +80,46 @@ NETWORK_IO_DIRECTION = attr("network.io.direction", "string", "transmit or recei
 PROCESS_TYPE = attr("gpu.process.type", "string", "compute or graphics context.", group=_GA,
                     values=("compute", "graphics"))
 XID_CODE = attr("gpu.xid.code", "int", "NVIDIA XID error code (e.g. 79: GPU fell off the bus).", group=_GA)
+NIC_PORT = attr("nic.port", "int", "InfiniBand port number (1-based); absent on network interfaces.",
+                group="NIC health attributes")
+NIC_KIND = attr("nic.kind", "string", "What the nic receiver read: an InfiniBand (or RoCE) HCA port under "
+                "class/infiniband, or a network interface under class/net.", group="NIC health attributes",
+                values=("infiniband", "ethernet"))
 XID_SOURCE = attr("gpu.xid.source", "string", "Where the XID was seen: the NVML event set or the kernel log.",
                   group=_GA, values=("nvml", "kmsg"))
 
 #: The identity attributes on every per-GPU data point and XID record.
-GPU_ATTRS = (GPU_INDEX, HW_ID, GPU_PCI_BUS_ID, HW_NAME, HW_TYPE)
+GPU_ATTRS = (GPU_INDEX, HW_ID, GPU_PCI_BUS_ID, HW_MODEL, HW_VENDOR, HW_DRIVER_VERSION, HW_TYPE)
 
 # -- metrics ------------------------------------------------------------------------------------------------------
-UTILIZATION = metric("hw.gpu.utilization", MetricType.GAUGE, "1", "Fraction of time a kernel was running (0..1).",
+UTILIZATION = metric("hw.gpu.utilization", MetricType.GAUGE, "1", "Fraction of time spent in a specific task: "
+                     "here, of time a kernel was running (0..1; NVML utilization.gpu; no hw.gpu.task split).",
                      group=_G, attributes=GPU_ATTRS, semconv=True, dcgm="DCGM_FI_DEV_GPU_UTIL")
 MEMORY_UTILIZATION = metric("hw.gpu.memory.utilization", MetricType.GAUGE, "1",
-                            "Fraction of time device memory was read or written (0..1).", group=_G,
-                            attributes=GPU_ATTRS, semconv=True, dcgm="DCGM_FI_DEV_MEM_COPY_UTIL")
-MEMORY_USAGE = metric("hw.gpu.memory.usage", MetricType.UPDOWN, "By", "Device memory in use.", group=_G,
+                            "Fraction of GPU memory used: hw.gpu.memory.usage / hw.gpu.memory.limit (0..1).",
+                            group=_G, attributes=GPU_ATTRS, semconv=True,
+                            dcgm="DCGM_FI_DEV_FB_USED (divided by DCGM_FI_DEV_FB_TOTAL)")
+MEMORY_ACTIVITY = metric("gpu.memory.activity", MetricType.GAUGE, "1",
+                         "Fraction of time device memory was being read or written (0..1; NVML utilization.memory): "
+                         "memory-bandwidth activity, not how much memory is used (that is hw.gpu.memory.utilization).",
+                         group=_G, attributes=GPU_ATTRS, dcgm="DCGM_FI_DEV_MEM_COPY_UTIL")
+MEMORY_USAGE = metric("hw.gpu.memory.usage", MetricType.UPDOWN, "By", "GPU memory used.", group=_G,
                       attributes=GPU_ATTRS, semconv=True, dcgm="DCGM_FI_DEV_FB_USED")
-MEMORY_LIMIT = metric("hw.gpu.memory.limit", MetricType.UPDOWN, "By", "Total device memory.", group=_G,
+MEMORY_LIMIT = metric("hw.gpu.memory.limit", MetricType.UPDOWN, "By", "Size of the GPU memory.", group=_G,
                       attributes=GPU_ATTRS, semconv=True, dcgm="DCGM_FI_DEV_FB_TOTAL")
 MEMORY_FREE = metric("gpu.memory.free", MetricType.UPDOWN, "By", "Free device memory.", group=_G,
                      attributes=GPU_ATTRS, dcgm="DCGM_FI_DEV_FB_FREE")
-TEMPERATURE = metric("hw.temperature", MetricType.GAUGE, "Cel", "GPU die (gpu) and HBM (memory) temperature.",
+TEMPERATURE = metric("hw.temperature", MetricType.GAUGE, "Cel", "Temperature in degrees Celsius: GPU die "
+                     "(hw.sensor_location gpu) and HBM (memory).",
                      group=_G, attributes=GPU_ATTRS + (SENSOR,), semconv=True,
                      dcgm="DCGM_FI_DEV_GPU_TEMP, DCGM_FI_DEV_MEMORY_TEMP")
-POWER = metric("hw.power", MetricType.GAUGE, "W", "Power draw of the GPU board.", group=_G, attributes=GPU_ATTRS,
+POWER = metric("hw.power", MetricType.GAUGE, "W", "Instantaneous power consumed by the component: the GPU board's "
+               "power draw.", group=_G, attributes=GPU_ATTRS,
                semconv=True, dcgm="DCGM_FI_DEV_POWER_USAGE")
 POWER_LIMIT = metric("gpu.power.limit", MetricType.GAUGE, "W", "Enforced power limit.", group=_G,
                      attributes=GPU_ATTRS, dcgm="DCGM_FI_DEV_ENFORCED_POWER_LIMIT")
-ENERGY = metric("hw.energy", MetricType.COUNTER, "J", "Energy used since the driver was loaded.", group=_G,
+ENERGY = metric("hw.energy", MetricType.COUNTER, "J", "Energy consumed by the component: the GPU's, since the "
+                "driver was loaded.", group=_G,
                 attributes=GPU_ATTRS, semconv=True, dcgm="DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION (mJ)")
 CLOCK = metric("gpu.clock.frequency", MetricType.GAUGE, "MHz", "Current clock frequency.", group=_G,
                attributes=GPU_ATTRS + (CLOCK_DOMAIN,), dcgm="DCGM_FI_DEV_SM_CLOCK, DCGM_FI_DEV_MEM_CLOCK")
@@ -112,12 +131,18 @@ CLOCK_EVENT_ACTIVE = metric("gpu.clock_event.active", MetricType.GAUGE, "{flag}"
                             dcgm="DCGM_FI_DEV_CLOCKS_EVENT_REASONS (bitmask)")
 PSTATE = metric("gpu.performance_state", MetricType.GAUGE, "{pstate}", "Performance state (0 = P0, fastest .. 15).",
                 group=_G, attributes=GPU_ATTRS, dcgm="DCGM_FI_DEV_PSTATE")
+# hw.errors is one metric for every hardware type; the nic schema adds its network attributes (NIC_ERROR_ATTRS).
 ECC_ERRORS = metric("hw.errors", MetricType.COUNTER, "{error}",
-                    "ECC errors of device memory; error.type corrected (single-bit) or uncorrected (double-bit); "
-                    "gpu.ecc.counter volatile or aggregate (do not sum across it).", group=_G,
-                    attributes=GPU_ATTRS + (ERROR_TYPE, ECC_COUNTER), semconv=True,
+                    "Number of errors encountered by the component. GPU (hw.type gpu): ECC errors of device memory; "
+                    "error.type corrected (single-bit) or uncorrected (double-bit); gpu.ecc.counter volatile or "
+                    "aggregate (do not sum across it). NIC (hw.type network): InfiniBand port and network interface "
+                    "error counters, error.type = the sysfs counter (symbol_error, link_downed, link_error_recovery, "
+                    "port_rcv_errors, port_xmit_discards, port_xmit_wait, rx_crc_errors, rx_dropped, "
+                    "carrier_changes, ...), counted through resets.", group=_G,
+                    attributes=GPU_ATTRS + (ERROR_TYPE, ECC_COUNTER, HW_NAME, NIC_PORT, NIC_KIND), semconv=True,
                     dcgm="DCGM_FI_DEV_ECC_SBE_VOL_TOTAL, DCGM_FI_DEV_ECC_DBE_VOL_TOTAL, "
                          "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL, DCGM_FI_DEV_ECC_DBE_AGG_TOTAL")
+HW_ERRORS = ECC_ERRORS
 RETIRED_PAGES = metric("gpu.retired_pages", MetricType.GAUGE, "{page}", "Pages retired, by cause (pre-Ampere).",
                        group=_G, attributes=GPU_ATTRS + (RETIREMENT_CAUSE,),
                        dcgm="DCGM_FI_DEV_RETIRED_SBE, DCGM_FI_DEV_RETIRED_DBE")
@@ -154,7 +179,8 @@ PROCESS_MEMORY = metric("gpu.process.memory.usage", MetricType.GAUGE, "By",
 XID_ERRORS = metric("gpu.xid.errors", MetricType.COUNTER, "{xid}", "XID errors seen, by code.", group=_G,
                     attributes=GPU_ATTRS + (XID_CODE,), dcgm="DCGM_FI_DEV_XID_ERRORS (a gauge of the last XID)")
 STATUS = metric("hw.status", MetricType.UPDOWN, "1",
-                "1 for the GPU's current hw.state, 0 for the others: failed when the GPU is lost or a row remap "
+                "Operational status: 1 (true) or 0 (false) for each of the possible states: 1 for the GPU's current "
+                "hw.state, 0 for the others; failed when the GPU is lost or a row remap "
                 "failed; degraded with a pending remap/retirement, uncorrected volatile ECC errors or a hardware "
                 "slowdown (HW slowdown, HW thermal, HW power brake); ok otherwise.", group=_G,
                 attributes=GPU_ATTRS + (HW_STATE,), semconv=True)
@@ -188,7 +214,8 @@ XID_MEANING: dict[int, str] = {
 }
 
 #: Every GPU metric, in declaration order (for docs and tests).
-METRICS = (UTILIZATION, MEMORY_UTILIZATION, MEMORY_USAGE, MEMORY_LIMIT, MEMORY_FREE, TEMPERATURE, POWER, POWER_LIMIT,
+METRICS = (UTILIZATION, MEMORY_UTILIZATION, MEMORY_ACTIVITY, MEMORY_USAGE, MEMORY_LIMIT, MEMORY_FREE, TEMPERATURE,
+           POWER, POWER_LIMIT,
            ENERGY, CLOCK, CLOCK_MAX, CLOCK_EVENT_ACTIVE, PSTATE, ECC_ERRORS, RETIRED_PAGES, RETIRED_PENDING,
            REMAPPED_ROWS, REMAP_PENDING, REMAP_FAILURE, PCIE_REPLAY, PCIE_THROUGHPUT, NVLINK_STATE, NVLINK_ERRORS,
            PROCESS_MEMORY, XID_ERRORS, STATUS)

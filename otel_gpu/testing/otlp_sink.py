@@ -1,11 +1,17 @@
 """An OTLP gRPC server built from the opentelemetry-proto stubs that keeps every request it gets: a backend stand-in
 for tests and benchmarks (loopback only).
 
-Example:
-    >>> with OtlpSink() as sink:            # doctest: +SKIP
-    ...     endpoint = sink.endpoint        # "127.0.0.1:<port>"
-    ...     ...                             # point an exporter at it
-    ...     sink.wait_for(lambda s: s.span_count() >= 10, timeout_s=5)
+Example (the OpenTelemetry SDK's OTLP exporter sending to it):
+    >>> from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    >>> from opentelemetry.sdk.trace import TracerProvider
+    >>> from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    >>> with OtlpSink() as sink:
+    ...     provider = TracerProvider()
+    ...     provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=sink.endpoint, insecure=True)))
+    ...     provider.get_tracer("example").start_span("step").end()
+    ...     print(sink.wait_for(lambda s: s.span_count() >= 1, timeout_s=10), sink.spans()[0].name)
+    ...     provider.shutdown()
+    True step
 """
 from __future__ import annotations
 
@@ -30,6 +36,7 @@ class OtlpSink:
         self.metrics: list[metrics_service_pb2.ExportMetricsServiceRequest] = []
         self.logs: list[logs_service_pb2.ExportLogsServiceRequest] = []
         self.calls = 0
+        self.metadata: list[dict[str, str]] = []  # the request metadata (headers) of each call, in order
         self._fail: list[grpc.StatusCode] = []
         self._cond = threading.Condition()
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers),
@@ -60,6 +67,7 @@ class OtlpSink:
     def _record(self, store: list, request, context) -> None:
         with self._cond:
             self.calls += 1
+            self.metadata.append({k: v for k, v in context.invocation_metadata() if isinstance(v, str)})
             if self._fail:
                 code = self._fail.pop(0)
                 context.abort(code, f"injected failure: {code.name}")

@@ -6,7 +6,7 @@ incident: a ``otel_gpu.failure`` span, an ``otel_gpu.failure`` event (what the s
 ``otel_gpu.failures`` counter. Put it in the traces, metrics and logs pipelines so that it sees everything::
 
     processors:
-      attribution: {hang_timeout_s: 15}
+      attribution: {hang_timeout: 15s}
     service:
       pipelines:
         traces:  {receivers: [otlp], processors: [attribution], exporters: [store]}

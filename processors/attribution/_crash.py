@@ -53,12 +53,13 @@ def decide_crash(engine: Engine, job: JobState, now: float) -> Finding | None:
         if exc is not None and exc.hint not in CONSEQUENCE_HINTS and not (exc.hint in _COMM_HINTS and len(failed) > 1):
             cause = RootCause.CUDA_OOM if exc.hint == "cuda_oom" else RootCause.PYTHON_EXCEPTION
             where = "" if exc.thread in (None, "MainThread") else f" in thread {exc.thread}"
+            device = exc.hint in _DEVICE_HINTS  # a CUDA error may yet be explained by its GPU (revised then)
             finding = Finding(
-                Kind.CRASH, cause, exc.time, 0.95, r.rank, r.who.host, None,
+                Kind.CRASH, cause, exc.time, 0.7 if device else 0.95, r.rank, r.who.host, None,
                 [Evidence("exception.type", exc.type, exc.time), Evidence("exception.hint", exc.hint, exc.time)],
                 f"rank {r.rank} raised {exc.type}{where}: {exc.message[:160]}",
                 {"exception_type": exc.type, "stack_top": _last_line_of(exc.stack)},
-                explainable_by=[r.rank] if exc.hint in _DEVICE_HINTS else [], symptom_time=exc.time)
+                explainable_by=[r.rank] if device else [], symptom_time=exc.time)
             primaries.append((exc.time, r, finding))
         elif exc is None and r.exit is not None and r.exit.signal in STOP_SIGNALS and any(
                 x is not r and (x.exception or (x.exit and x.exit.signal not in STOP_SIGNALS)) for x in failed):

@@ -43,7 +43,7 @@ class EngineSettings:
     hang_timeout_s: float = 15.0
     hang_step_factor: float = 5.0  # the hang timeout is at least this many median step times
     heartbeat_timeout_s: float = 8.0  # a rank silent this long (with others stuck) is treated as gone
-    crash_settle_s: float = 1.2
+    crash_settle_s: float = 0.5  # wait this long for the other ranks' reports; a later first cause revises
     slowdown_ratio: float = 1.5
     slowdown_min_excess_s: float = 0.05
     slowdown_warmup_steps: int = 5
@@ -66,6 +66,7 @@ class Engine:
         self.jobs: dict[str, JobState] = {}
         self.devices = DeviceEvidence()
         self._pending: list[FailureRecord] = []
+        self.incident_opened = False  # a crash incident opened since the processor last looked
 
     # -- observations ----------------------------------------------------------------------------------------------
     def _job(self, who: Identity, now: float) -> JobState:
@@ -115,6 +116,7 @@ class Engine:
             return
         if rank.exception is None:
             rank.exception = exc
+        job.crash_reports += 1
         self._open_incident(job, now)
 
     def observe_exit(self, ex: ExitSeen, now: float) -> None:
@@ -127,6 +129,7 @@ class Engine:
             return
         if rank.exception is None and rank.background_exception is not None and ex.signal is None:
             rank.exception = rank.background_exception  # it raised in a thread, then the rank stopped
+        job.crash_reports += 1
         self._open_incident(job, now)
 
     def observe_step(self, step: StepSeen, now: float) -> None:
@@ -236,7 +239,7 @@ class Engine:
         record = self._record(job, finding, now, fid)
         symptom = finding.symptom_time if finding.symptom_time is not None else finding.onset
         verdict = OpenVerdict(record, finding, revise_until=max(now, symptom + REVISE_FOR_S),
-                              devices_version=self.devices.version)
+                              devices_version=self.devices.version, crash_reports=job.crash_reports)
         if finding.kind is Kind.HANG or finding.details.get("signal") in ("silent", "node_silent"):
             verdict.progress = {n: _hang.progress_marker(r) for n, r in job.ranks.items()}
             verdict.last_seen = {n: r.last_seen for n, r in job.ranks.items()}
@@ -278,6 +281,21 @@ class Engine:
                     job.incident_extended = False
                 continue
             in_time = now <= v.revise_until
+            if in_time and record.kind is Kind.CRASH and job.terminal is record \
+                    and job.crash_reports != v.crash_reports:
+                # More reports came (the culprit's own exit often comes after its peers' errors): decide again.
+                v.crash_reports = job.crash_reports
+                again = _crash.decide_crash(self, job, now)
+                if again is None:  # every rank was stopped on purpose after all: no crash
+                    finding = dataclasses.replace(v.finding, summary="withdrawn: every rank was stopped on purpose; "
+                                                  + v.finding.summary)
+                    out.append(self._revise(job, v, finding, now, withdrawn=True))
+                    job.finished = True
+                    continue
+                if _better(again, v.finding):
+                    out.append(self._revise(job, v, again, now))
+                    keep.append(v)
+                    continue
             if in_time and self.devices.version != v.devices_version:
                 v.devices_version = self.devices.version
                 f = v.finding
@@ -318,6 +336,13 @@ class Engine:
             return
         job.incident_open = now
         job.incident_deadline = now + self.settings.crash_settle_s
+        self.incident_opened = True
+
+    def next_deadline(self) -> float | None:
+        """The earliest time a crash decision is due (the processor ticks then, not a tick interval later)."""
+        due = [j.incident_deadline for j in self.jobs.values()
+               if j.incident_deadline is not None and j.terminal is None and not j.finished]
+        return min(due) if due else None
 
     def tick(self, now: float) -> list[FailureRecord]:
         """Runs the time-driven detectors; returns new failure records and revisions (each reported once)."""
@@ -338,9 +363,13 @@ class Engine:
                 if finding is None:
                     job.finished = True  # stopped on purpose (every rank got SIGTERM/SIGINT): nothing to name
                     continue
-                if finding.cause is RootCause.UNKNOWN and not job.incident_extended:
-                    job.incident_extended = True  # wait once more for the exit of the rank that died
-                    job.incident_deadline = now + self.settings.crash_settle_s
+                if not job.incident_extended and (finding.cause is RootCause.UNKNOWN or _only_stopped(job)):
+                    # Wait once more: for the exit of the rank that died, or for the other ranks' reports when all
+                    # that came is a stop signal (a launcher or scheduler stops every rank; one alone is rare).
+                    job.incident_extended = True
+                    job.incident_deadline = now + self.settings.crash_settle_s * (
+                        1 if finding.cause is RootCause.UNKNOWN else 3)
+                    self.incident_opened = True
                     continue
                 if finding.cause is RootCause.UNKNOWN and now < job.incident_open + self.settings.heartbeat_timeout_s \
                         + self.settings.crash_settle_s and _crash.quiet_hosts(job, now):
@@ -354,3 +383,21 @@ class Engine:
                 out.append(self._emit(job, finding, now, terminal=True))
         self.devices.evict(now - self.settings.job_idle_evict_s)
         return out
+
+
+def _better(new: Finding, old: Finding) -> bool:
+    """A crash verdict decided again replaces the first one when it names another cause or rank and is at least as
+    sure, or the first one knew no cause."""
+    if (new.cause, new.rank) == (old.cause, old.rank):
+        return False
+    return old.cause is RootCause.UNKNOWN or new.confidence >= old.confidence or new.onset < old.onset
+
+
+def _only_stopped(job: JobState) -> bool:
+    """Every failure so far is a stop signal (SIGTERM/SIGINT/SIGHUP) with no exception, and not every rank reported."""
+    failed = [r for r in job.ranks.values() if r.failed()]
+    if not failed or any(r.exception is not None or r.exit is None or r.exit.signal not in _crash.STOP_SIGNALS
+                         for r in failed):
+        return False
+    return not job.world_size or len(failed) < job.world_size
+

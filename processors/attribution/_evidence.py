@@ -107,6 +107,7 @@ _MIN_RISE = {"ecc_uncorrected": 1.0, "row_remap_failure": 1.0, "link_downed": 1.
 _MIN_RISE_DEFAULT = 3.0
 _BACKGROUND_FACTOR = 4.0  # a rise must exceed this many times what the background rate predicts
 _MIN_HISTORY_S = 30.0  # a background rate needs this much history before the window
+_JOB_START_SLACK_S = 5.0  # the collector hears of a job this long after it started, at most (its first heartbeat)
 
 
 @dataclass(slots=True)
@@ -130,17 +131,21 @@ class Series:
         return True
 
     def rise(self, start: float, end: float) -> tuple[float, float | None]:
-        """(increase between samples taken in ``[start, end]``, time of the first increase); a drop (reset) starts a
-        new baseline."""
-        total, first, prev = 0.0, None, None
+        """(increase between samples taken in ``[start, end]``, when it began); a drop (reset) starts a new
+        baseline. It began at the first increase of at least half the largest one in the window (a burst on top of
+        a background trickle begins with the burst)."""
+        total, prev, steps = 0.0, None, []
         for t, v in self.points:
             if prev is not None and start <= t <= end:
                 step = v - prev if v >= prev else v
                 if step > 0:
                     total += step
-                    first = t if first is None else first
+                    steps.append((t, step))
             prev = v
-        return total, first
+        if not steps:
+            return 0.0, None
+        biggest = max(step for _, step in steps)
+        return total, next(t for t, step in steps if step >= biggest / 2)
 
     def background_per_s(self, before: float) -> float | None:
         """The counter's own rate before ``before``; None with less than ``_MIN_HISTORY_S`` of history."""
@@ -400,9 +405,9 @@ class DeviceEvidence:
         """Link drops and error bursts on the job's ports of ``host`` that began inside their windows."""
         out: list[Fault] = []
         down_w, err_w = WINDOWS[RootCause.NIC_LINK_DOWN], WINDOWS[RootCause.NIC_ERRORS]
-        # A job seen first moments before its symptom may have started before we saw it: "up at job start" looks
-        # back at least one window.
-        for port in self.job_ports(host, ifaces, min(job_start, symptom - down_w.before_s)):
+        # A job is first seen a few seconds after it starts (its first heartbeat): "up at job start" looks back that
+        # far.
+        for port in self.job_ports(host, ifaces, job_start - _JOB_START_SLACK_S):
             name = port.port
             went_down = [t for t, up in port.transitions if not up and down_w.contains(t, symptom)]
             if went_down:

@@ -12,8 +12,8 @@ What the end of the chain is doing decides the cause:
 - in a checkpoint (a checkpoint span, ``torch.save``, ``torch.distributed.checkpoint`` on its stack): busy, not a
   hang, until ``checkpoint_timeout_s``; then ``checkpoint_stall``;
 - waiting for data: ``dataloader_stall``;
-- not a single collective started yet (importing, reading its data set, building its model): starting, not hung,
-  until ``startup_timeout_s``;
+- before its first step (importing, reading its data set, building its model): starting, not hung, until
+  ``startup_timeout_s``;
 - anywhere else (asleep, a lock, a loop): ``rank_not_in_collective``; user code on top of its stack makes it the
   user's to fix. The decision waits up to ``stack_grace_s`` for a fresh stack, then goes out without one;
 - never reported: ``rank_not_in_collective`` with what is known.
@@ -138,6 +138,8 @@ def decide_hang(engine: Engine, job: JobState, now: float) -> Finding | None:
     live = [r for r in job.ranks.values() if r.exit is None and r.last_heartbeat is not None]
     if not live or all(r.last_seen < silent_cut for r in live):
         return None  # nothing reports: a telemetry gap (collector restart), not a verdict on silence alone
+    if not any(r.last_seen >= silent_cut and stalled_for(r, now) >= timeout for r in live):
+        return None  # nobody is stuck long enough (the usual tick: no graph to build)
     # Where each rank is in each process group: the highest collective it started (heartbeat counters, or the one
     # in flight). A rank reporting an older collective of a group as in flight has finished it (gloo's flight
     # recorder never marks completion): its peers could not have started the next one otherwise.
@@ -162,32 +164,46 @@ def decide_hang(engine: Engine, job: JobState, now: float) -> Finding | None:
         r = job.ranks.get(n)
         return r is None or r.exit is not None or r.last_seen < silent_cut
 
-    edges: dict[int, set[int]] = {}
+    # Performance (aggregator scale): the ranks waiting at the same (pg, seq) share one set of blockers, computed
+    # once, so that a 16k-rank hang costs O(ranks) per tick, not O(ranks^2).
+    blockers: dict[tuple[str, int], frozenset[int]] = {}
+    waits_at: dict[int, tuple[str, int]] = {}
     for r in live:
         i = _coll(r)
         if i is None or i.p2p:
             continue
-        row = started.get(i.pg, {})
-        edges[r.rank] = {q for q in members(i.pg) if q != r.rank and (row.get(q, 0) < i.seq or gone(q))}
-    roots = [r for r in live if r.rank in edges and stalled_for(r, now) >= timeout]
+        key = (i.pg, i.seq)
+        if key not in blockers:
+            row = started.get(i.pg, {})
+            blockers[key] = frozenset(q for q in members(i.pg) if row.get(q, 0) < i.seq or gone(q))
+        waits_at[r.rank] = key
+    roots = [r for r in live if r.rank in waits_at and r.last_seen >= silent_cut and stalled_for(r, now) >= timeout]
     if not roots:
         return _lone_stall(engine, job, live, timeout, now)
     onset_rank = max(roots, key=lambda r: stalled_for(r, now))
     onset = now - stalled_for(onset_rank, now)
-    # Follow every chain from the stuck ranks to its end.
+    # Follow every chain from the stuck ranks to its end: one search from all of them, group by group.
+    root_keys: dict[tuple[str, int], int] = {}
+    for r in roots:
+        root_keys[waits_at[r.rank]] = root_keys.get(waits_at[r.rank], 0) + 1
+    key_weight = dict(root_keys)  # how many stuck ranks wait, directly or through a chain, at each (pg, seq)
+    todo, seen_keys, ends = list(root_keys), set(root_keys), set()
+    while todo:
+        key = todo.pop()
+        for q in blockers[key]:
+            qkey = waits_at.get(q)
+            if qkey is not None and not gone(q):
+                key_weight[qkey] = key_weight.get(qkey, 0) + key_weight[key]
+                if qkey not in seen_keys:
+                    seen_keys.add(qkey)
+                    todo.append(qkey)
+            else:
+                ends.add(q)
     reach: dict[int, int] = {}
-    for root in roots:
-        seen, todo = {root.rank}, [root.rank]
-        while todo:
-            n = todo.pop()
-            for q in edges.get(n, ()):
-                if q in seen:
-                    continue
-                seen.add(q)
-                if q in edges and not gone(q):
-                    todo.append(q)
-                else:
-                    reach[q] = reach.get(q, 0) + 1
+    for key in seen_keys:
+        for q in blockers[key]:
+            if q in ends:
+                reach[q] = reach.get(q, 0) + key_weight.get(key, 0)
     ops = [_coll(r).op for r in roots]
     op = max(set(ops), key=ops.count) if ops else None
     first = _coll(onset_rank)
@@ -205,6 +221,8 @@ def decide_hang(engine: Engine, job: JobState, now: float) -> Finding | None:
         return _chain_end(engine, job, ends, roots, onset, timeout, now, op, pg, seq, base_ev, waiting)
     if len(roots) < len(live):
         return None  # some ranks still progress and nobody is waited for: not a job-wide hang (yet)
+    if any(r.last_seen < now - s.heartbeat_timeout_s / 2 for r in roots):
+        return None  # one of them stopped reporting: gone or frozen (decide_silent names it)
     return _all_waiting(engine, job, roots, onset, now, op, pg, seq, base_ev, waiting)
 
 
@@ -237,14 +255,15 @@ def _chain_end(engine: Engine, job: JobState, ends: list[int], roots: list[RankS
                            f"(uneven inputs: it ran out of data first?){tail}",
                            dict(details, reason="exited_early"))
         return None  # it crashed: the crash detector names it
-    silent = culprit.last_seen < now - s.heartbeat_timeout_s
-    if silent:
-        ev.append(Evidence(f"rank{n}.last_heartbeat", round(culprit.last_seen, 3)))
-    if not silent and hb is not None and not any(hb.last_started_seq.values()) and now - onset < s.startup_timeout_s:
-        return None  # it has not started any collective yet: still importing, loading, building its model
+    if culprit.last_seen < now - s.heartbeat_timeout_s / 2:
+        return None  # it stopped reporting: gone or frozen, a crash or a lost node (decide_silent)
+    starting = hb is not None and (not any(hb.last_started_seq.values()) or (
+        hb.steps_done == 0 and not job.step_done))
+    if starting and now - onset < s.startup_timeout_s:
+        return None  # before its first step: still importing, loading its data, building its model
     if _in_checkpoint(culprit):
         busy_for = now - onset
-        if busy_for < s.checkpoint_timeout_s and not silent:
+        if busy_for < s.checkpoint_timeout_s:
             return None  # a long checkpoint on one rank: busy, not hung (yet)
         ev.append(Evidence("training.state", "checkpoint", onset))
         finding = Finding(Kind.HANG, RootCause.CHECKPOINT_STALL, onset, 0.8, n, culprit.who.host, None, ev,
@@ -255,7 +274,7 @@ def _chain_end(engine: Engine, job: JobState, ends: list[int], roots: list[RankS
         return finding
     fresh = culprit.stacks is not None and culprit.stacks.time >= onset
     grace_over = now >= onset + timeout + s.stack_grace_s
-    if not fresh and not silent and not grace_over:
+    if not fresh and not grace_over:
         return None  # its watchdog sends the stack soon: where it is decides user vs software
     where = stack_top(culprit) if fresh or (culprit.stacks is None and hb is not None) else None
     if where:
@@ -277,7 +296,7 @@ def _chain_end(engine: Engine, job: JobState, ends: list[int], roots: list[RankS
             confidence = min(confidence, 0.7)
     summary = (f"rank {n} never reached {what} (pg {pg}); {len(roots)} rank(s) wait for it"
                + (f"; it is at {where}" if where else "; no stack from it yet")
-               + (f"; it has sent no heartbeat for {now - culprit.last_seen:.0f} s" if silent else "") + tail)
+               + tail)
     # A rank asleep or looping in user code is not explained by hardware; one stuck inside a library may be.
     explainable = [] if category is Category.USER else [n] + [r.rank for r in roots]
     finding = Finding(Kind.HANG, cause, onset, confidence, n, culprit.who.host, None, ev, summary,

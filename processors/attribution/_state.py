@@ -28,10 +28,10 @@ class RankState:
     compute_baseline: deque = field(default_factory=lambda: deque(maxlen=32))  # healthy compute seconds
     data_baseline: deque = field(default_factory=lambda: deque(maxlen=32))
     checkpoints: deque = field(default_factory=lambda: deque(maxlen=16))  # durations
+    rank: int = field(init=False)  # who.rank, read often enough to be a plain attribute
 
-    @property
-    def rank(self) -> int:
-        return self.who.rank
+    def __post_init__(self) -> None:
+        self.rank = self.who.rank
 
     def failed(self) -> bool:
         """Raised in its main thread, or ended with a non-zero code or a signal."""
@@ -51,6 +51,7 @@ class OpenVerdict:
     finding: Finding
     revise_until: float  # collector clock: after this, hardware evidence no longer revises it
     devices_version: int = 0  # DeviceEvidence.version last looked at (nothing new: nothing to revise)
+    crash_reports: int = 0  # JobState.crash_reports when last decided (a later report may change a crash verdict)
     progress: dict[int, tuple] = field(default_factory=dict)  # rank -> progress marker when it was decided
     last_seen: dict[int, float] = field(default_factory=dict)  # rank -> last report when it was decided
 
@@ -72,6 +73,7 @@ class JobState:
     incident_deadline: float | None = None
     incident_extended: bool = False
     failures: int = 0  # failure ids handed out in this job (all incarnations)
+    crash_reports: int = 0  # exceptions and failed exits seen in this incarnation (a crash verdict may be revised)
     open: list[OpenVerdict] = field(default_factory=list)
     step_times: dict[int, dict[int, StepSeen]] = field(default_factory=dict)  # step -> rank -> StepSeen
     step_done: deque = field(default_factory=lambda: deque(maxlen=256))  # (step, job step seconds), in order

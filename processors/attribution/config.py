@@ -15,7 +15,7 @@ class AttributionConfig:
     #: A rank silent this long while its peers wait is treated as gone.
     heartbeat_timeout_s: float = 8.0
     #: After the first sign of a crash, wait this long for the other ranks' reports before naming the first cause.
-    crash_settle_s: float = 1.2
+    crash_settle_s: float = 0.5
     #: A step slower than max(ratio x baseline, baseline + min_excess, baseline + 6 MAD) is slow; 3 of 4 make a
     #: slowdown.
     slowdown_ratio: float = 1.5

@@ -85,10 +85,9 @@ def _identity(res: dict[str, Any]) -> Identity | None:
                     gpu_uuid=str(uuid) if uuid else None, net_ifaces=_ifaces(res.get(NET_INTERFACES)))
 
 
-#: Resource attribute: the network interfaces / HCAs a rank communicates over (GLOO_SOCKET_IFNAME,
-#: NCCL_SOCKET_IFNAME, NCCL_IB_HCA; comma-separated text or a string array). Only those ports can be network evidence
-#: for the job; without it, the ports that were up when the job started.
-NET_INTERFACES = "training.net.interfaces"
+#: The network interfaces / HCAs a rank communicates over: only their ports can be network evidence for the job;
+#: without it, the ports that were up when the job started.
+NET_INTERFACES = str(I.NET_INTERFACES)
 
 
 def _ifaces(value: Any) -> frozenset[str] | None:
@@ -155,6 +154,7 @@ class AttributionProcessor(Processor):
             startup_timeout_s=config.startup_timeout_s))
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._wake = threading.Event()  # set when a crash incident opens: its decision falls due before a tick
         self._thread: threading.Thread | None = None
         self._records: list[FailureRecord] = []  # everything reported, newest last (bounded)
         self._tagging: dict[str, FailureRecord] = {}  # job -> the hang or slowdown its spans are tagged with
@@ -168,16 +168,31 @@ class AttributionProcessor(Processor):
 
     def shutdown(self, timeout_s: float = 5.0) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
         self.tick()  # what was decided in the last moments still goes out
 
     def _run(self) -> None:
-        while not self._stop.wait(self.config.tick_interval_s):
+        while not self._stop.is_set():
+            self._wake.wait(self._next_wait())
+            self._wake.clear()
+            if self._stop.is_set():
+                break
             try:
                 self.tick()
             except Exception:  # noqa: BLE001 - the clock must keep running
                 self.host.log_once("tick", logging.ERROR, "attribution tick failed (logged once)", exc_info=True)
+
+    def _next_wait(self) -> float:
+        """Until the next tick: the tick interval, or sooner when a crash decision falls due (a crash is named as
+        soon as its settle time is over, not up to a tick interval later)."""
+        with self._lock:
+            due = self.engine.next_deadline()
+        wait = self.config.tick_interval_s
+        if due is not None:
+            wait = min(wait, max(0.01, due - self._clock() + 0.005))
+        return wait
 
     def tick(self, now: float | None = None) -> list[FailureRecord]:
         now = self._clock() if now is None else now
@@ -203,6 +218,9 @@ class AttributionProcessor(Processor):
             else:
                 if self._spans(batch.message, now) and self._tagging:
                     self._tag(batch)
+            if self.engine.incident_opened:
+                self.engine.incident_opened = False
+                self._wake.set()
         return batch
 
     def _view(self, resource) -> _ResourceView:
@@ -265,7 +283,8 @@ class AttributionProcessor(Processor):
                 who, t, _int(body.get("step")), body.get("state"), infl,
                 {str(k): int(v) for k, v in (body.get("last_seq") or {}).items()},
                 {str(k): int(v) for k, v in (body.get("last_started_seq") or {}).items()},
-                body.get("stack_top") or body.get("user_top"), _float(body.get("stalled_s"))), now)
+                body.get("stack_top") or body.get("user_top"), _float(body.get("stalled_s")),
+                _int(counters.get("steps")) if isinstance(counters := body.get("counters"), dict) else None), now)
         elif name == T.STACKS_EVENT.name:
             frames: list[dict] = []
             for thread in body.get("threads") or []:
@@ -306,7 +325,7 @@ class AttributionProcessor(Processor):
                     if name.startswith("gpu.") or name in (G.ECC_ERRORS.name,):
                         host = host or self._host(self._view(rm.resource).attrs)
                         self._gpu_metric(host, m, gpus)
-                    elif name in _NIC_ERRORS or name in _NIC_UP:
+                    if name in _NIC_ERRORS or name in _NIC_UP:  # hw.errors is both the GPUs' and the NICs' (hw.type)
                         host = host or self._host(self._view(rm.resource).attrs)
                         self._nic_metric(host, m, ports)
             for sample in gpus.values():
@@ -371,7 +390,7 @@ class AttributionProcessor(Processor):
             if m.name in _NIC_UP:
                 sample.up = self._num(p) >= 1
             else:
-                counter = attrs.get(str(N.COUNTER))
+                counter = attrs.get(str(G.ERROR_TYPE)) or attrs.get(str(N.COUNTER))
                 if counter:
                     sample.counters[str(counter)] = self._num(p)
 
@@ -419,6 +438,7 @@ class AttributionProcessor(Processor):
                 record.recurrence = int(history.recurrence(record.signature))
             except Exception:  # noqa: BLE001 - the store may be busy or gone; recurrence stays 0
                 self.host.log_once("history", logging.WARNING, "failure history unavailable", exc_info=True)
+        self._device_history(record)
         with self._lock:
             self._records.append(record)
             del self._records[:-1000]
@@ -443,6 +463,28 @@ class AttributionProcessor(Processor):
             self.host.emit(Batch.from_message(Signal.LOGS, _failure_logs(record)))
         if self.host.has_consumer(Signal.METRICS):
             self.host.emit(Batch.from_message(Signal.METRICS, self._failure_metrics()))
+
+    def _device_history(self, record: FailureRecord) -> None:
+        """Device health (issue 15): asks the health processor's shared service, when one runs, what it knows of the
+        culprit's GPU and node; adds that history to the evidence, raises confidence in a hardware cause for a device
+        already in watch/drain, and names a recurring culprit (third failure on the same device)."""
+        health = self.host.services.get("device_health")
+        if health is None:
+            return
+        try:
+            ctx = health.failure_context(host=record.culprit.host, gpu=record.culprit.gpu, job_id=record.job_id,
+                                         category=record.category.value, time_s=record.onset_time)
+        except Exception:  # noqa: BLE001 - device history is a bonus, never a reason to lose the record
+            self.host.log_once("device_health", logging.WARNING, "device health unavailable", exc_info=True)
+            return
+        if ctx.get("devices"):
+            record.details["devices"] = list(ctx["devices"])
+        record.evidence.extend(str(e) for e in ctx.get("evidence") or ())
+        record.confidence = min(0.99, record.confidence + float(ctx.get("confidence_boost") or 0.0))
+        if ctx.get("recurring"):
+            record.details["recurring_culprit"] = ctx["recurring"]
+            record.summary += f" (recurring culprit: {ctx['recurring']['device_id']}, failure " \
+                              f"#{ctx['recurring']['failures']})"
 
     def _failure_metrics(self) -> ExportMetricsServiceRequest:
         counts: dict[tuple[str, str, str, str], int] = {}

@@ -11,21 +11,24 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from otel_gpu.schema import gpu as G
+from otel_gpu.schema import health as H
 from otel_gpu.schema import nic as N
 from otel_gpu.schema import training as T
 
 __all__ = ["CompactConfig", "DEFAULT_EVENTS", "DEFAULT_METRICS", "DEFAULT_SPANS"]
 
-#: What cross-rank attribution and goodput read from logs: heartbeats, stacks, exceptions, signals, exits, XIDs.
+#: What cross-rank attribution and goodput read from logs: heartbeats, stacks, exceptions, signals, exits, XIDs;
+#: and the health processor's device state changes (rare), so that the aggregator's store keeps the node's verdicts.
 DEFAULT_EVENTS = (T.PROGRESS_EVENT.name, T.STACKS_EVENT.name, T.EXCEPTION_EVENT.name, T.SIGNAL_EVENT.name,
-                  T.EXIT_EVENT.name, G.XID_EVENT.name)
+                  T.EXIT_EVENT.name, G.XID_EVENT.name, H.STATE_CHANGE_EVENT.name)
 #: Step, data-wait and checkpoint spans (one per rank per step at most); never the per-collective spans.
 DEFAULT_SPANS = (T.STEP_SPAN.name, T.DATA_SPAN.name, T.CKPT_SAVE_SPAN.name, T.CKPT_LOAD_SPAN.name)
 #: The hardware evidence attribution uses (XID, ECC, row remap, NVLink, PCIe replay, throttling, process-to-GPU
 #: map, NIC errors and link state) and the per-rank step duration; not utilisation, power, clocks or byte rates.
-DEFAULT_METRICS = (G.XID_ERRORS.name, G.ECC_ERRORS.name, G.REMAP_FAILURE.name, G.NVLINK_ERRORS.name,
-                   G.PCIE_REPLAY.name, G.CLOCK_EVENT_ACTIVE.name, G.PROCESS_MEMORY.name, N.IB_ERRORS.name,
-                   N.IB_UP.name, N.ETH_ERRORS.name, N.ETH_UP.name, T.STEP_DURATION.name)
+#: (hw.errors carries both the GPUs' ECC errors and the NICs' error counters.)
+DEFAULT_METRICS = (G.XID_ERRORS.name, G.HW_ERRORS.name, G.REMAP_FAILURE.name, G.NVLINK_ERRORS.name,
+                   G.PCIE_REPLAY.name, G.CLOCK_EVENT_ACTIVE.name, G.PROCESS_MEMORY.name, N.UP.name,
+                   T.STEP_DURATION.name)
 
 
 @dataclass

@@ -5,7 +5,7 @@ since the last checkpoint when a failure struck), restart_gap, slowdown (step ti
 
     processors:
       attribution: {}
-      goodput: {report_interval_s: 5}
+      goodput: {report_interval: 5s}
     service:
       pipelines:
         traces: {receivers: [otlp], processors: [attribution, goodput], exporters: [store]}

@@ -1,4 +1,12 @@
-"""Per-job time accounting: where the wall time of a job went (DESIGN section 4)."""
+"""Per-job time accounting: where the wall time of a job went (DESIGN section 4).
+
+Invariant (tests/test_goodput.py, a hypothesis test): productive time + every badput bucket (``other`` included) =
+wall time, for the job and for each incarnation (the walls of the incarnations partition the job's wall: the restart
+gap belongs to the incarnation it leads to). Each second of the timeline is counted once: the job's step time comes
+from one rank per step (the ranks of a synchronous job share it), steps never overlap each other, and a checkpoint is
+the union of the ranks' checkpoint spans (eight ranks saving the same five seconds count five seconds), its part
+inside a step counted by that step's ``checkpoint_time``.
+"""
 from __future__ import annotations
 
 import statistics
@@ -10,6 +18,72 @@ from otel_gpu.schema.failure import BadputBucket as B
 __all__ = ["JobLedger"]
 
 
+class _Intervals:
+    """A bounded union of time intervals: how much of [a, b] is already covered, and adding to it."""
+
+    __slots__ = ("spans",)
+
+    def __init__(self) -> None:
+        self.spans: list[list[float]] = []  # sorted, disjoint [start, end]
+
+    def covered(self, a: float, b: float) -> float:
+        total = 0.0
+        for s, e in self.spans:
+            if e <= a:
+                continue
+            if s >= b:
+                break
+            total += min(b, e) - max(a, s)
+        return total
+
+    def add(self, a: float, b: float) -> float:
+        """Adds [a, b]; returns the length that was not covered before."""
+        if b <= a:
+            return 0.0
+        new = (b - a) - self.covered(a, b)
+        merged, placed = [], False
+        for s, e in self.spans:
+            if e < a or s > b:
+                if s > b and not placed:
+                    merged.append([a, b])
+                    placed = True
+                merged.append([s, e])
+            else:
+                a, b = min(a, s), max(b, e)
+        if not placed:
+            merged.append([a, b])
+        merged.sort()
+        self.spans = merged[-512:]  # bounded: old intervals are never revisited by an ordered stream
+        return new
+
+
+def _covered(a: float, b: float, *sets: _Intervals) -> float:
+    """Length of [a, b] covered by the union of ``sets``."""
+    if b <= a:
+        return 0.0
+    pieces = sorted([max(a, s), min(b, e)] for iv in sets for s, e in iv.spans if e > a and s < b)
+    total, cur_s, cur_e = 0.0, None, None
+    for s, e in pieces:
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    if cur_e is not None:
+        total += cur_e - cur_s
+    return total
+
+
+@dataclass
+class _Incarnation:
+    start: float  # where its wall time begins (the previous incarnation's end)
+    first_activity: float | None = None  # its first span or event
+    first_step_start: float | None = None
+    productive_s: float = 0.0
+    badput: dict[str, float] = field(default_factory=lambda: {b.value: 0.0 for b in B})
+
+
 @dataclass
 class JobLedger:
     job_id: str
@@ -17,7 +91,6 @@ class JobLedger:
     last_seen: float
     restart_count: int = 0
     first_step_start: float | None = None
-    steps: dict[int, tuple[float, float, float, float]] = field(default_factory=dict)  # step -> start, end, data, ckpt
     counted_steps: set = field(default_factory=set)
     baseline: deque = field(default_factory=lambda: deque(maxlen=50))
     productive_s: float = 0.0
@@ -28,78 +101,180 @@ class JobLedger:
     productive_since_checkpoint: float = 0.0
     hang_since: float | None = None
     last_step_end: float = 0.0
+    incarnations: dict[int, _Incarnation] = field(default_factory=dict)
+    steps_iv: _Intervals = field(default_factory=_Intervals)  # counted step time
+    ckpt_iv: _Intervals = field(default_factory=_Intervals)  # counted checkpoint-span time outside steps
+    failure_ids: dict[str, float] = field(default_factory=dict)  # failure id -> wasted seconds it moved
+
+    def __post_init__(self) -> None:
+        self.incarnations.setdefault(self.restart_count, _Incarnation(self.first_seen))
+
+    # -- bookkeeping -----------------------------------------------------------------------------------------------
+    def _inc(self, restart_count: int | None) -> _Incarnation:
+        n = self.restart_count if restart_count is None else restart_count
+        inc = self.incarnations.get(n)
+        if inc is None:
+            inc = self.incarnations.get(self.restart_count) or next(iter(self.incarnations.values()))
+        return inc
+
+    def _add(self, bucket: B, seconds: float, restart_count: int | None = None) -> None:
+        if seconds <= 0:
+            return
+        self.badput[bucket.value] += seconds
+        self._inc(restart_count).badput[bucket.value] += seconds
+
+    def _productive(self, seconds: float, restart_count: int | None = None) -> None:
+        self.productive_s += seconds
+        self._inc(restart_count).productive_s += seconds
 
     def touch(self, t: float, restart_count: int) -> None:
         if restart_count > self.restart_count:
-            # A new incarnation: the gap since the last one's activity is restart badput.
-            gap_from = self.incarnation_end or self.last_seen
-            if t > gap_from:
-                self.badput[B.RESTART_GAP.value] += t - gap_from
+            # A new incarnation: the gap since the last one's end is restart badput, in the new incarnation.
+            gap_from = min(max(self.incarnation_end or self.last_seen, self.last_seen), max(t, self.last_seen))
+            if self.hang_since is not None:
+                self._add(B.HANG, self._hang_between(self.hang_since, gap_from))  # it lasted until the restart
+                self.hang_since = None
             self.restart_count = restart_count
+            self.incarnations[restart_count] = _Incarnation(gap_from, first_activity=max(t, gap_from))
+            self._add(B.RESTART_GAP, t - gap_from)
             self.incarnation_end = None
-        self.first_seen = min(self.first_seen, t)
+            self.last_seen = max(self.last_seen, gap_from)
+        if t < self.first_seen:
+            self.first_seen = t
+            first = min(self.incarnations)
+            self.incarnations[first].start = min(self.incarnations[first].start, t)
         self.last_seen = max(self.last_seen, t)
 
-    def step(self, step: int, start: float, end: float, data_s: float, ckpt_s: float, ratio: float) -> None:
-        key = (self.restart_count, step)
+    def _hang_between(self, a: float, b: float) -> float:
+        """Hang time in [a, b]: what no step or checkpoint already counts."""
+        return max(0.0, (b - a) - _covered(a, b, self.steps_iv, self.ckpt_iv))
+
+    # -- what happened ---------------------------------------------------------------------------------------------
+    def step(self, step: int, start: float, end: float, data_s: float, ckpt_s: float, ratio: float,
+             restart_count: int | None = None) -> None:
+        rc = self.restart_count if restart_count is None else restart_count
+        key = (rc, step)
         if key in self.counted_steps:
             return  # one rank's span counts for the job (the ranks of a synchronous job share their step time)
         self.counted_steps.add(key)
         if len(self.counted_steps) > 100_000:
             self.counted_steps = set(sorted(self.counted_steps)[-50_000:])
-        if self.first_step_start is None:
-            self.first_step_start = start
-            self.badput[B.STARTUP.value] += max(0.0, start - self.first_seen)
+        inc = self._inc(rc)
+        if inc.first_step_start is None:
+            inc.first_step_start = start
+            if self.first_step_start is None:
+                self.first_step_start = start
+            begin = self.first_seen if inc.first_activity is None else inc.first_activity
+            # a checkpoint restored (or saved) before the first step is in its own bucket, not in startup
+            self._add(B.STARTUP, max(0.0, start - begin) - _covered(begin, start, self.ckpt_iv), rc)
         if self.hang_since is not None and start > self.hang_since:
-            self.badput[B.HANG.value] += start - self.hang_since  # the job moved again (restarted or unstuck)
+            self._add(B.HANG, self._hang_between(self.hang_since, start), rc)  # the job moved again
             self.hang_since = None
         duration = max(0.0, end - start)
+        # Only time not counted yet (another rank's overlapping step, checkpoint spans that came first) is
+        # counted here: a checkpoint span seen before comes off this step's checkpoint_time, the rest off its work.
+        uncovered = duration - _covered(start, end, self.steps_iv, self.ckpt_iv)
+        ckpt_seen = _covered(start, end, self.ckpt_iv)
+        self.steps_iv.add(start, end)
+        data_s = min(max(0.0, data_s), duration)
+        ckpt_s = min(max(0.0, ckpt_s), duration - data_s)
+        ckpt_new = min(max(0.0, ckpt_s - ckpt_seen), uncovered)
+        data_s = min(data_s, uncovered - ckpt_new)
+        work = max(0.0, uncovered - ckpt_new - data_s)
         self.last_step_end = max(self.last_step_end, end)
-        self.badput[B.DATA_LOADING.value] += data_s
-        self.badput[B.CHECKPOINT_SAVE.value] += ckpt_s
-        work = max(0.0, duration - data_s - ckpt_s)
+        self._add(B.DATA_LOADING, data_s, rc)
+        self._add(B.CHECKPOINT_SAVE, ckpt_new, rc)
         base = statistics.median(self.baseline) if len(self.baseline) >= 5 else None
         excess = 0.0
         if base is not None and work > ratio * base:
             excess = work - base
-        else:
+        elif work > 0:
             self.baseline.append(work)
-        self.badput[B.SLOWDOWN.value] += excess
-        self.productive_s += work - excess
+        self._add(B.SLOWDOWN, excess, rc)
+        self._productive(work - excess, rc)
         self.productive_since_checkpoint += work - excess
 
-    def checkpoint(self, kind: str, start: float, end: float, inside_step: bool) -> None:
-        duration = max(0.0, end - start)
+    def checkpoint(self, kind: str, start: float, end: float, inside_step: bool = False,
+                   restart_count: int | None = None) -> None:
+        """A checkpoint span of any rank. The union over ranks counts; its part inside a counted step is that
+        step's checkpoint_time already."""
+        if end <= start:
+            return
+        new = (end - start) - _covered(start, end, self.steps_iv, self.ckpt_iv)
+        inc = self._inc(restart_count)
+        moved = 0.0
+        if inc.first_step_start is not None:
+            # counted in startup already (the first step came before this span): that part moves to its bucket
+            begin = self.first_seen if inc.first_activity is None else inc.first_activity
+            a, b = max(start, begin), min(end, inc.first_step_start)
+            moved = max(0.0, (b - a) - _covered(a, b, self.steps_iv, self.ckpt_iv))
+        self.ckpt_iv.add(start, end)
+        self.badput[B.STARTUP.value] -= moved
+        inc.badput[B.STARTUP.value] -= moved
         if kind == "save":
             if not inside_step:
-                self.badput[B.CHECKPOINT_SAVE.value] += duration
+                self._add(B.CHECKPOINT_SAVE, new, restart_count)
             self.last_checkpoint_end = end
             self.productive_since_checkpoint = 0.0
         else:
-            self.badput[B.CHECKPOINT_RESTORE.value] += duration
+            self._add(B.CHECKPOINT_RESTORE, new, restart_count)
 
-    def failure(self, kind: str, onset: float, detected: float) -> None:
+    def failure(self, kind: str, onset: float, detected: float, failure_id: str | None = None,
+                withdrawn: bool = False) -> None:
+        if failure_id:
+            if withdrawn:
+                wasted = self.failure_ids.pop(failure_id, None)
+                if wasted is not None:  # a false alarm: the progress it called lost was not
+                    self.failures -= 1
+                    self.badput[B.WASTED_PROGRESS.value] -= wasted
+                    self._inc(None).badput[B.WASTED_PROGRESS.value] -= wasted
+                    self._productive(wasted)
+                    if kind == "hang":
+                        self.hang_since = None
+                        self.incarnation_end = None
+                return
+            if failure_id in self.failure_ids:
+                return  # a revision of a failure already counted
         self.failures += 1
         # Progress since the last checkpoint is lost: it moves from productive to wasted.
-        wasted = min(self.productive_since_checkpoint, self.productive_s)
-        self.productive_s -= wasted
-        self.badput[B.WASTED_PROGRESS.value] += wasted
+        wasted = max(0.0, min(self.productive_since_checkpoint, self._inc(None).productive_s))
+        self._productive(-wasted)
+        self._add(B.WASTED_PROGRESS, wasted)
         self.productive_since_checkpoint = 0.0
+        if failure_id:
+            self.failure_ids[failure_id] = wasted
+            if len(self.failure_ids) > 1000:
+                self.failure_ids.pop(next(iter(self.failure_ids)))
         if kind == "hang" and self.hang_since is None:
             self.hang_since = max(onset, self.last_step_end)  # time already counted in a step is not hang time
-        self.incarnation_end = detected
+        if kind in ("crash", "hang"):
+            self.incarnation_end = detected
 
+    # -- reading ---------------------------------------------------------------------------------------------------
     def summary(self, now: float | None = None) -> dict:
         end = self.last_seen if now is None else max(self.last_seen, min(now, self.last_seen + 5.0))
         wall = max(0.0, end - self.first_seen)
-        known = self.productive_s + sum(v for k, v in self.badput.items() if k != B.OTHER.value)
         badput = dict(self.badput)
-        if self.hang_since is not None:
-            badput[B.HANG.value] += max(0.0, end - self.hang_since)
-            known += max(0.0, end - self.hang_since)
+        hang_open = self._hang_between(self.hang_since, end) if self.hang_since is not None else 0.0
+        badput[B.HANG.value] += hang_open
+        known = self.productive_s + sum(v for k, v in badput.items() if k != B.OTHER.value)
         badput[B.OTHER.value] = max(0.0, wall - known)
+        incarnations = []
+        order = sorted(self.incarnations)
+        for i, n in enumerate(order):
+            inc = self.incarnations[n]
+            inc_end = self.incarnations[order[i + 1]].start if i + 1 < len(order) else end
+            inc_wall = max(0.0, inc_end - inc.start)
+            b = dict(inc.badput)
+            if i + 1 == len(order):
+                b[B.HANG.value] += hang_open
+            inc_known = inc.productive_s + sum(v for k, v in b.items() if k != B.OTHER.value)
+            b[B.OTHER.value] = max(0.0, inc_wall - inc_known)
+            incarnations.append({"restart_count": n, "wall_time_s": round(inc_wall, 3),
+                                 "productive_time_s": round(inc.productive_s, 3),
+                                 "badput_s": {k: round(v, 3) for k, v in b.items()}})
         return {"job_id": self.job_id, "ettr": round(self.productive_s / wall, 4) if wall > 0 else None,
                 "wall_time_s": round(wall, 3), "productive_time_s": round(self.productive_s, 3),
                 "badput_s": {k: round(v, 3) for k, v in badput.items()}, "failures": self.failures,
                 "restarts": self.restart_count, "first_seen": round(self.first_seen, 3),
-                "last_seen": round(self.last_seen, 3)}
+                "last_seen": round(self.last_seen, 3), "incarnations": incarnations}

@@ -134,10 +134,11 @@ class GoodputProcessor(Processor):
                         if step is not None:
                             ledger.step(step, start, end, _seconds(_attr(span, str(T.STEP_DATA_S)), 0.0),
                                         _seconds(_attr(span, str(T.STEP_CHECKPOINT_S)), 0.0),
-                                        self.config.slowdown_ratio)
+                                        self.config.slowdown_ratio, restart_count=restarts)
                     elif span.name in _CKPT:
-                        # A save inside a step span is already in that step's checkpoint_time.
-                        ledger.checkpoint(_CKPT[span.name], start, end, inside_step=False)
+                        # Every rank's span comes; the ledger counts their union once, and the part inside a
+                        # counted step is that step's checkpoint_time.
+                        ledger.checkpoint(_CKPT[span.name], start, end, restart_count=restarts)
 
     def _logs(self, msg) -> None:
         for rl in msg.resource_logs:
@@ -156,8 +157,11 @@ class GoodputProcessor(Processor):
                         if fjob:
                             fjob = str(fjob)
                             ledger = self._ledger(fjob, t, restarts if fjob == job else 0)
+                            fid = body.get("failure_id")
                             ledger.failure(str(body.get("kind")), _seconds(body.get("onset_time"), t),
-                                           _seconds(body.get("detected_time"), t))
+                                           _seconds(body.get("detected_time"), t),
+                                           failure_id=str(fid) if fid else None,
+                                           withdrawn=body.get("withdrawn") is True)
                     elif job is not None and record.event_name:
                         self._ledger(job, t, restarts)
 

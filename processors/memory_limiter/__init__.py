@@ -1,6 +1,6 @@
 """``memory_limiter`` processor: keeps the collector's memory bounded by refusing data at the door.
 
-Like the OpenTelemetry Collector's memory_limiter: every ``check_interval_s`` it reads the process's resident memory
+Like the OpenTelemetry Collector's memory_limiter: every ``check_interval`` it reads the process's resident memory
 (``/proc/self/statm``); above the soft limit (``limit - spike``) receivers that ask refuse new requests (OTLP: gRPC
 ``RESOURCE_EXHAUSTED`` with a ``google.rpc.RetryInfo`` delay, HTTP 429 with ``Retry-After``); above the hard limit it
 also runs the garbage collector (and glibc's ``malloc_trim``). Batches that already passed a receiver go through
@@ -11,7 +11,7 @@ How a receiver asks: the processor publishes a check in ``host.services["admissi
 A receiver calls each before it reads or parses a request; receivers and processors never import each other::
 
     processors:
-      memory_limiter: {check_interval_s: 1, limit_mib: 1500, spike_limit_mib: 300}
+      memory_limiter: {check_interval: 1s, limit_mib: 1500, spike_limit_mib: 300}
     service:
       pipelines:
         traces: {receivers: [otlp], processors: [memory_limiter, attribution], exporters: [store]}

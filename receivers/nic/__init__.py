@@ -8,8 +8,8 @@ Example config::
 
     receivers:
       nic:
-        interval_s: 1
-        # sysfs_root: /tmp/fake-sys     # a fake tree (otel_gpu.testing.fake_sysfs)
+        interval: 1s
+        # sysfs_root: /tmp/fake-sys     # a fake tree (FakeSysfs writes one)
     service:
       pipelines:
         metrics: {receivers: [nic], exporters: [prometheus]}

@@ -18,7 +18,7 @@ class NicReceiverConfig:
     """``receivers.nic`` settings.
 
     Attributes:
-        sysfs_root: where sysfs is mounted (a fake tree in tests: ``otel_gpu.testing.fake_sysfs``).
+        sysfs_root: where sysfs is mounted (in tests, a fake tree that ``FakeSysfs`` of the testing package writes).
         interval_s: seconds between polls; rates are per second over the last interval.
         infiniband: read ``class/infiniband/*/ports/*``.
         ethernet: read ``class/net/*``.

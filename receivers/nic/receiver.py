@@ -17,8 +17,8 @@ from typing import Any
 from otel_gpu.component import ComponentHost, Receiver, run_polling
 from otel_gpu.otlp_build import MetricsBuilder, Series, attributes
 from otel_gpu.schema import nic as N
-from otel_gpu.schema.gpu import NETWORK_IO_DIRECTION
-from otel_gpu.schema.identity import HOST_NAME, HW_TYPE
+from otel_gpu.schema.gpu import ERROR_TYPE, NETWORK_IO_DIRECTION
+from otel_gpu.schema.identity import HOST_NAME, HW_ID, HW_TYPE
 
 from otel_gpu.receivers.nic.config import NicReceiverConfig
 
@@ -37,10 +37,10 @@ _ETH_TRAFFIC = {"tx_bytes": ("io", "transmit"), "rx_bytes": ("io", "receive"), "
 _ETH_ERRORS = ("rx_errors", "tx_errors", "rx_dropped", "tx_dropped", "rx_crc_errors", "rx_frame_errors",
                "rx_fifo_errors", "rx_missed_errors", "rx_over_errors", "rx_length_errors", "tx_carrier_errors",
                "tx_fifo_errors", "tx_aborted_errors", "collisions")
-_METRICS = {("ib", "io"): (N.IB_IO, N.IB_IO_RATE), ("ib", "packets"): (N.IB_PACKETS, N.IB_PACKETS_RATE),
-            ("ib", "errors"): (N.IB_ERRORS, N.IB_ERRORS_RATE), ("ib", "hw"): (N.IB_HW_COUNTERS, N.IB_HW_COUNTERS_RATE),
-            ("eth", "io"): (N.ETH_IO, N.ETH_IO_RATE), ("eth", "packets"): (N.ETH_PACKETS, N.ETH_PACKETS_RATE),
-            ("eth", "errors"): (N.ETH_ERRORS, N.ETH_ERRORS_RATE)}
+# counter group -> (cumulative metric, rate metric); InfiniBand ports and interfaces share the names (nic.kind)
+_METRICS = {"io": (N.IO, N.IO_RATE), "packets": (N.PACKETS, N.PACKETS_RATE), "errors": (N.ERRORS, N.ERRORS_RATE),
+            "hw": (N.IB_HW_COUNTERS, N.IB_HW_COUNTERS_RATE)}
+_KIND = {"ib": "infiniband", "eth": "ethernet"}
 
 
 def _read(path: str) -> bytes | None:
@@ -223,7 +223,9 @@ class NicReceiver(Receiver):
                                self.host.component_id, root)
 
     def _ib_port(self, path: str, dev: str, port: int) -> _Port:
-        p = _Port("ib", dev, port, path, attributes({str(N.DEVICE): dev, str(N.PORT): port, str(HW_TYPE): "network"}))
+        p = _Port("ib", dev, port, path, attributes({str(HW_ID): f"{dev}:{port}", str(N.DEVICE): dev,
+                                                    str(N.PORT): port, str(N.KIND): _KIND["ib"],
+                                                    str(HW_TYPE): "network"}))
         cdir = os.path.join(path, "counters")
         for name in sorted(_listdir(cdir)):
             if name in _IB_IGNORED:
@@ -238,7 +240,8 @@ class NicReceiver(Receiver):
         return p
 
     def _eth_port(self, path: str, iface: str) -> _Port:
-        p = _Port("eth", iface, None, path, attributes({str(N.DEVICE): iface, str(HW_TYPE): "network"}))
+        p = _Port("eth", iface, None, path, attributes({str(HW_ID): iface, str(N.DEVICE): iface,
+                                                        str(N.KIND): _KIND["eth"], str(HW_TYPE): "network"}))
         sdir = os.path.join(path, "statistics")
         present = set(_listdir(sdir))
         for name, (group, direction) in _ETH_TRAFFIC.items():
@@ -280,9 +283,10 @@ class NicReceiver(Receiver):
                 tracker = port.trackers[name] = CounterTracker(self._start_ns)
             start_before = tracker.start_ns
             rate = tracker.update(raw, now, now_ns)
-            total_metric, rate_metric = _METRICS[(port.kind, group)]
+            total_metric, rate_metric = _METRICS[group]
             extra = ({str(NETWORK_IO_DIRECTION): direction} if direction
-                     else {str(N.COUNTER): name.removeprefix("hw:")})
+                     else {str(N.COUNTER): name.removeprefix("hw:")} if group == "hw"
+                     else {str(ERROR_TYPE): name})
             key = ("total", name)
             series = s.get(key)
             if series is None or tracker.start_ns != start_before:
@@ -317,22 +321,22 @@ class NicReceiver(Receiver):
             self._gauge(port, N.IB_PHYS_STATE, mb, phys)
         if state is not None:
             up = int(state == 4 and (phys is None or phys == 5))
-            self._gauge(port, N.IB_UP, mb, up)
+            self._gauge(port, N.UP, mb, up)
             self._transition(port, up, f"state {_text(state_raw)}, phys_state {_text(phys_raw)}")
         rate = _ib_rate_bytes(_read(os.path.join(port.path, "rate")))
         if rate is not None:
-            self._gauge(port, N.IB_RATE, mb, rate)
+            self._gauge(port, N.BANDWIDTH_LIMIT, mb, rate)
 
     def _eth_state(self, port: _Port, mb: MetricsBuilder) -> None:
         oper = _read(os.path.join(port.path, "operstate"))
         carrier = _read_int(os.path.join(port.path, "carrier"))  # EINVAL while down: None
         if oper is not None:
             up = int(oper.strip() == b"up" and carrier == 1)
-            self._gauge(port, N.ETH_UP, mb, up)
+            self._gauge(port, N.UP, mb, up)
             self._transition(port, up, f"operstate {_text(oper)}, carrier {carrier}")
         speed = _read_int(os.path.join(port.path, "speed"))
         if speed is not None and speed > 0:
-            self._gauge(port, N.ETH_SPEED, mb, speed * 1_000_000 / 8)
+            self._gauge(port, N.BANDWIDTH_LIMIT, mb, speed * 1_000_000 / 8)
 
     def _transition(self, port: _Port, up: int, detail: str) -> None:
         if port.up is not None and up != port.up:

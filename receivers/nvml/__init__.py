@@ -1,6 +1,7 @@
 """``nvml`` receiver: GPU health from NVML (nvidia-ml-py), and XID errors from NVML's event set.
 
-Per GPU (``gpu.index``, ``hw.id`` = UUID, ``gpu.pci.bus_id``, ``hw.name``): utilization, memory, temperatures, power
+Per GPU (``gpu.index``, ``hw.id`` = UUID, ``gpu.pci.bus_id``, ``hw.model``, ``hw.vendor``, ``hw.driver_version``):
+utilization, memory (used, and its bandwidth activity), temperatures, power
 and energy, clocks and their maxima, clock-event (throttle) reasons as named flags, performance state, ECC
 (volatile and aggregate), retired pages, row remapping, PCIe replays and throughput, NVLink per-link state and errors,
 the processes on each GPU, XID counts and ``hw.status``. Names: :mod:`otel_gpu.schema.gpu`.
@@ -9,7 +10,7 @@ Example config::
 
     receivers:
       nvml:
-        interval_s: 1
+        interval: 1s
         # backend: fake
         # scenario: tests/testdata/nvml_8gpu.yaml
     service:

@@ -4,8 +4,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from otel_gpu import backends
+
 __all__ = ["NvmlReceiverConfig", "BACKENDS"]
 
+#: The built-in backends; others registered in :mod:`otel_gpu.backends` are accepted too.
 BACKENDS = ("auto", "nvml", "fake")
 
 
@@ -15,7 +18,8 @@ class NvmlReceiverConfig:
 
     Attributes:
         backend: ``auto`` (real NVML through nvidia-ml-py; without a driver the receiver says so once and stays idle),
-            ``nvml`` (the same, named explicitly) or ``fake`` (``otel_gpu.testing.fake_nvml`` driven by ``scenario``).
+            ``nvml`` (the same, named explicitly), ``fake`` (the fake NVML driven by ``scenario``) or another name
+            registered in :mod:`otel_gpu.backends`.
         scenario: YAML/JSON scenario file of the fake backend (required with ``backend: fake``).
         interval_s: seconds between polls.
         nvlink_interval_s: seconds between reads of NVLink state and error counters (up to 18 links x 6 calls per
@@ -38,8 +42,9 @@ class NvmlReceiverConfig:
     host_name: str = ""
 
     def validate(self) -> None:
-        if self.backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {', '.join(BACKENDS)} (got {self.backend!r})")
+        known = backends.names("nvml")
+        if self.backend not in known:
+            raise ValueError(f"backend must be one of {', '.join(known)} (got {self.backend!r})")
         if not self.interval_s > 0:
             raise ValueError(f"interval_s must be > 0 (got {self.interval_s})")
         if self.nvlink_interval_s < 0:

@@ -1,8 +1,9 @@
 """The nvml receiver: polls GPU health through an NVML backend and reports XID errors from NVML's event set.
 
-The backend is the ``pynvml`` module (nvidia-ml-py) or :class:`otel_gpu.testing.fake_nvml.FakeNvml`; this code calls
-the same functions on either. Every read goes through :meth:`NvmlReceiver._call`, which turns NVML errors into "not
-available" for that field on that GPU (logged once), so one unsupported field never costs the others.
+The backend is the ``pynvml`` module (nvidia-ml-py) or the fake NVML, chosen by ``backend:`` through
+:mod:`otel_gpu.backends`; this code calls the same functions on either. Every read goes through
+:meth:`NvmlReceiver._call`, which turns NVML errors into "not available" for that field on that GPU (logged once), so
+one unsupported field never costs the others.
 """
 from __future__ import annotations
 
@@ -12,11 +13,13 @@ import threading
 import time
 from typing import Any
 
+from otel_gpu import backends
 from otel_gpu.component import ComponentHost, Receiver, run_polling
 from otel_gpu.otlp_build import LogsBuilder, MetricsBuilder, Series, attributes
 from otel_gpu.pdata import Batch, Signal
 from otel_gpu.schema import gpu as G
-from otel_gpu.schema.identity import GPU_INDEX, GPU_PCI_BUS_ID, HOST_NAME, HW_ID, HW_NAME, HW_TYPE, PROCESS_PID
+from otel_gpu.schema.identity import (GPU_INDEX, GPU_PCI_BUS_ID, HOST_NAME, HW_DRIVER_VERSION, HW_ID, HW_MODEL,
+                                     HW_TYPE, HW_VENDOR, PROCESS_PID)
 
 from otel_gpu.receivers.nvml.config import NvmlReceiverConfig
 
@@ -42,10 +45,12 @@ def _text(value: Any) -> str:
 class _Gpu:
     """One watched GPU: identity, pre-built series, and what is known not to work on it."""
 
-    def __init__(self, index: int, handle: Any, uuid: str, pci: str, name: str, start_ns: int):
+    def __init__(self, index: int, handle: Any, uuid: str, pci: str, name: str, start_ns: int, driver: str = ""):
         self.index, self.handle, self.uuid, self.pci, self.name = index, handle, uuid, pci, name
-        self.identity = {str(GPU_INDEX): index, str(HW_ID): uuid, str(GPU_PCI_BUS_ID): pci, str(HW_NAME): name,
-                         str(HW_TYPE): "gpu"}
+        self.identity = {str(GPU_INDEX): index, str(HW_ID): uuid, str(GPU_PCI_BUS_ID): pci, str(HW_MODEL): name,
+                         str(HW_VENDOR): "NVIDIA", str(HW_TYPE): "gpu"}
+        if driver:
+            self.identity[str(HW_DRIVER_VERSION)] = driver
         self.attrs = attributes(self.identity)
         self.start_ns = start_ns
         self.skip: set[str] = set()
@@ -109,17 +114,11 @@ class NvmlReceiver(Receiver):
                 pass
 
     def _load_backend(self) -> Any:
-        if self.config.backend == "fake":
-            from otel_gpu.testing.fake_nvml import FakeNvml  # only when the config asks for the fake
-
-            return FakeNvml(self.config.scenario)
-        try:
-            import pynvml
-        except ImportError:
+        backend = backends.load("nvml", self.config.backend, scenario=self.config.scenario or None)
+        if backend is None:
             self.host.log_once("no-pynvml", logging.WARNING, "%s: nvidia-ml-py is not installed (pip install "
                                "nvidia-ml-py); the nvml receiver stays idle", self.host.component_id)
-            return None
-        return pynvml
+        return backend
 
     def _init(self) -> bool:
         nv = self.backend
@@ -150,6 +149,10 @@ class NvmlReceiver(Receiver):
             self.host.log_once("count", logging.WARNING, "%s: NVML cannot count GPUs (%s); idle",
                                self.host.component_id, exc)
             return
+        try:
+            driver = _text(nv.nvmlSystemGetDriverVersion())
+        except Exception:  # noqa: BLE001 - the version is a label, not a reason to stop
+            driver = ""
         wanted = list(range(count)) if not self.config.devices else list(self.config.devices)
         for index in wanted:
             if index >= count:
@@ -165,7 +168,7 @@ class NvmlReceiver(Receiver):
                 self.host.log_once(("handle", index), logging.WARNING, "%s: GPU %d is not usable (%s); skipping it",
                                    self.host.component_id, index, exc)
                 continue
-            gpu = _Gpu(index, handle, uuid, pci, name, self._start_ns)
+            gpu = _Gpu(index, handle, uuid, pci, name, self._start_ns, driver)
             self._discover_static(gpu)
             self.gpus.append(gpu)
         if not self.gpus:
@@ -259,12 +262,14 @@ class NvmlReceiver(Receiver):
         util = call(gpu, "utilization", nv.nvmlDeviceGetUtilizationRates)
         if util is not None:
             mb.add(s("util", G.UTILIZATION), util.gpu / 100.0)
-            mb.add(s("mutil", G.MEMORY_UTILIZATION), util.memory / 100.0)
+            mb.add(s("mactivity", G.MEMORY_ACTIVITY), util.memory / 100.0)  # bandwidth activity, not memory used
         mem = call(gpu, "memory", nv.nvmlDeviceGetMemoryInfo)
         if mem is not None:
             mb.add(s("mused", G.MEMORY_USAGE), int(mem.used))
             mb.add(s("mtotal", G.MEMORY_LIMIT), int(mem.total))
             mb.add(s("mfree", G.MEMORY_FREE), int(mem.free))
+            if mem.total:
+                mb.add(s("mutil", G.MEMORY_UTILIZATION), int(mem.used) / int(mem.total))
         temp = call(gpu, "temperature", nv.nvmlDeviceGetTemperature, nv.NVML_TEMPERATURE_GPU)
         if temp is not None:
             mb.add(s("tgpu", G.TEMPERATURE, {str(G.SENSOR): "gpu"}), temp)

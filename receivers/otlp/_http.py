@@ -3,16 +3,15 @@ from __future__ import annotations
 
 import logging
 import math
-import socket
-import socketserver
 import ssl
 import threading
 import time
 import zlib
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 from google.rpc import status_pb2
 
+from otel_gpu import httpserver
 from otel_gpu.pdata import MalformedBatch, Signal
 from otel_gpu.receivers.otlp._grpc import PipelineRefused
 from otel_gpu.receivers.otlp._json import batch_from_json
@@ -33,82 +32,6 @@ class _BodyError(Exception):
         self.status, self.close = status, close
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True  # SO_REUSEADDR: rebinding after a restart; a port in active use still fails
-
-    def server_bind(self) -> None:
-        # HTTPServer.server_bind calls socket.getfqdn(), a DNS lookup that can stall start-up; the name is unused.
-        socketserver.TCPServer.server_bind(self)
-        self.server_name, self.server_port = self.server_address[:2]
-
-    def handle_error(self, request, client_address) -> None:
-        _logger.debug("OTLP/HTTP: error serving %s", client_address, exc_info=True)
-
-    # One thread per connection, up to max_connections: past that a client gets 503 with Retry-After at once,
-    # instead of the collector growing a thread per idle or hostile connection.
-    max_connections: int = 256
-    _open = 0
-    _open_lock = threading.Lock()
-    _warned_full = False
-
-    def process_request(self, request, client_address) -> None:
-        with self._open_lock:
-            full = self._open >= self.max_connections
-            if not full:
-                self._open += 1
-        if full:
-            if getattr(self, "ssl_context", None) is None:  # (a TLS client cannot read a plaintext answer: just close)
-                try:
-                    request.settimeout(1.0)
-                    request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Length: 0\r\n"
-                                    b"Connection: close\r\n\r\n")
-                except OSError:
-                    pass
-            self.shutdown_request(request)
-            if not self._warned_full:
-                self._warned_full = True
-                _logger.warning("OTLP/HTTP: %d connections open; refusing more with 503 until some close "
-                                "(http.max_connections; logged once)", self.max_connections)
-            return
-        try:
-            super().process_request(request, client_address)
-        except BaseException:
-            with self._open_lock:
-                self._open -= 1
-            raise
-
-    def process_request_thread(self, request, client_address) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            with self._open_lock:
-                self._open -= 1
-
-
-class _TlsServer(_Server):
-    """Wraps each accepted connection in TLS on its own handler thread, so that a slow or broken handshake never
-    holds up the accept loop."""
-
-    ssl_context: ssl.SSLContext
-    handshake_timeout_s: float = 10.0
-
-    def finish_request(self, request, client_address) -> None:
-        request.settimeout(self.handshake_timeout_s)
-        try:
-            tls = self.ssl_context.wrap_socket(request, server_side=True)
-        except (OSError, ssl.SSLError) as exc:  # plaintext client, untrusted client certificate, timeout
-            _logger.debug("OTLP/HTTP: TLS handshake with %s failed: %s", client_address, exc)
-            return
-        try:
-            super().finish_request(tls, client_address)
-        finally:
-            try:
-                tls.close()
-            except OSError:
-                pass
-
-
 class HttpServer:
     def __init__(self, host: str, port: int, max_body_bytes: int, read_timeout_s: float, signals: list[Signal],
                  receiver, *, ssl_context: ssl.SSLContext | None = None, authorize=None, max_connections: int = 256):
@@ -120,13 +43,10 @@ class HttpServer:
         self._active = 0
         self._cond = threading.Condition()
         handler = type("OtlpHttpHandler", (_Handler,), {"owner": self, "timeout": read_timeout_s})
-        base = _Server if ssl_context is None else type(
-            "OtlpHttpsServer", (_TlsServer,), {"ssl_context": ssl_context, "handshake_timeout_s": read_timeout_s})
-        server_cls = type("OtlpHttpServer6", (base,), {"address_family": socket.AF_INET6}) if ":" in host else base
-        server_cls = type(server_cls.__name__, (server_cls,), {"max_connections": max_connections, "_open": 0,
-                                                                 "_open_lock": threading.Lock()})
         try:
-            self._server = server_cls((host, port), handler)
+            self._server = httpserver.make_server(host, port, handler, ssl_context=ssl_context,
+                                                  read_timeout_s=read_timeout_s, max_connections=max_connections,
+                                                  what="OTLP/HTTP")
         except OSError as exc:
             raise OSError(f"cannot listen for OTLP/HTTP on {host}:{port}: {exc.strerror or exc}; is another "
                           f"collector running? set http.endpoint to a free port") from None
@@ -170,15 +90,22 @@ class _Handler(BaseHTTPRequestHandler):
         _logger.debug("OTLP/HTTP %s: " + fmt, self.address_string(), *args)
 
     # -- routing -------------------------------------------------------------------------------------------------
+    def _request_kind(self) -> str | None:
+        ctype = (self.headers.get("Content-Type") or "").partition(";")[0].strip().lower()
+        return _CONTENT_TYPES.get(ctype)
+
     def do_POST(self) -> None:
         owner = self.owner
         signal = owner.paths.get(self.path.partition("?")[0])
+        kind = self._request_kind()
         if signal is None:
-            return self._reply_error(404, _JSON, f"no OTLP service at {self.path!r}; POST to "
+            # Answered in the request's encoding (a protobuf Status to a protobuf request), as the OTLP specification
+            # asks; JSON when the request is neither.
+            return self._reply_error(404, kind or _JSON, f"no OTLP service at {self.path!r}; POST to "
                                      f"{', '.join(sorted(owner.paths))}", close=True)
-        ctype = (self.headers.get("Content-Type") or "").partition(";")[0].strip().lower()
-        kind = _CONTENT_TYPES.get(ctype)
         if kind is None:
+            ctype = (self.headers.get("Content-Type") or "").partition(";")[0].strip().lower()
+            owner.receiver.refused_request(signal)
             return self._reply_error(415, _JSON, f"unsupported Content-Type {ctype!r}; use {_PROTOBUF} or {_JSON}",
                                      close=True)
         if owner.closing:
@@ -202,10 +129,11 @@ class _Handler(BaseHTTPRequestHandler):
                     try:
                         batch = batch_from_json(signal, body)
                     except MalformedBatch:
-                        owner.receiver.host.telemetry.refused(owner.receiver.host.component_id, signal, 1)
+                        owner.receiver.refused_request(signal)
                         raise
-                    owner.receiver.accept_batch(batch)
+                    owner.receiver.accept_parsed(batch)
             except _BodyError as exc:
+                owner.receiver.refused_request(signal)
                 return self._reply_error(exc.status, kind, str(exc), close=exc.close)
             except MalformedBatch as exc:
                 return self._reply_error(400, kind, str(exc))
@@ -220,11 +148,12 @@ class _Handler(BaseHTTPRequestHandler):
         return None
 
     def _not_allowed(self) -> None:
+        kind = self._request_kind() or _JSON
         if self.path.partition("?")[0] in self.owner.paths:
-            self._reply_error(405, _JSON, f"{self.command} is not allowed; OTLP/HTTP takes POST", close=True,
+            self._reply_error(405, kind, f"{self.command} is not allowed; OTLP/HTTP takes POST", close=True,
                               extra={"Allow": "POST"})
         else:
-            self._reply_error(404, _JSON, f"no OTLP service at {self.path!r}", close=True)
+            self._reply_error(404, kind, f"no OTLP service at {self.path!r}", close=True)
 
     do_GET = do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = _not_allowed
 

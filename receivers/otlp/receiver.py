@@ -23,6 +23,7 @@ from otel_gpu._security import BearerChecker, grpc_server_credentials, server_ss
 from otel_gpu.component import Receiver
 from otel_gpu.pdata import Batch, MalformedBatch, Signal
 from otel_gpu.receivers.otlp._grpc import GrpcServer, PipelineRefused
+from otel_gpu.receivers.otlp._ids import check_ids
 from otel_gpu.receivers.otlp.config import OtlpReceiverConfig, split_endpoint
 
 __all__ = ["OtlpReceiver"]
@@ -50,10 +51,24 @@ class OtlpReceiver(Receiver):
         """Validates protobuf bytes and hands them on. Raises MalformedBatch or PipelineRefused."""
         try:
             batch = Batch.from_bytes(signal, raw)
+            check_ids(signal, batch.message)
         except MalformedBatch:
             self.host.telemetry.refused(self.host.component_id, signal, 1)
             raise
         self.accept_batch(batch)
+
+    def accept_parsed(self, batch: Batch) -> None:
+        """A request parsed from another encoding (OTLP/JSON): the same id checks, then on."""
+        try:
+            check_ids(batch.signal, batch.message)
+        except MalformedBatch:
+            self.host.telemetry.refused(self.host.component_id, batch.signal, 1)
+            raise
+        self.accept_batch(batch)
+
+    def refused_request(self, signal: Signal) -> None:
+        """Counts a request refused before it was parsed (bad body, size, encoding or media type)."""
+        self.host.telemetry.refused(self.host.component_id, signal, 1)
 
     def accept_batch(self, batch: Batch) -> None:
         consumer = self._consumers.get(batch.signal)

@@ -4,6 +4,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from otel_gpu import backends
+
 __all__ = ["XidReceiverConfig"]
 
 
@@ -32,8 +34,9 @@ class XidReceiverConfig:
     host_name: str = ""
 
     def validate(self) -> None:
-        if self.backend not in ("auto", "nvml", "fake", "none"):
-            raise ValueError(f"backend must be one of auto, nvml, fake, none (got {self.backend!r})")
+        known = backends.names("nvml") + ["none"]
+        if self.backend not in known:
+            raise ValueError(f"backend must be one of {', '.join(known)} (got {self.backend!r})")
         if self.backend == "fake":
             if not self.scenario:
                 raise ValueError("scenario: required with backend: fake (a fake NVML scenario file)")

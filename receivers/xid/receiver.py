@@ -14,11 +14,13 @@ import threading
 import time
 from typing import Any
 
+from otel_gpu import backends
 from otel_gpu.component import ComponentHost, Receiver
 from otel_gpu.otlp_build import LogsBuilder, attributes
 from otel_gpu.pdata import Batch, Signal
 from otel_gpu.schema import gpu as G
-from otel_gpu.schema.identity import GPU_INDEX, GPU_PCI_BUS_ID, HOST_NAME, HW_ID, HW_NAME, HW_TYPE, PROCESS_PID
+from otel_gpu.schema.identity import (GPU_INDEX, GPU_PCI_BUS_ID, HOST_NAME, HW_ID, HW_MODEL, HW_TYPE, HW_VENDOR,
+                                     PROCESS_PID)
 
 from otel_gpu.receivers.xid.config import XidReceiverConfig
 from otel_gpu.receivers.xid.parse import XidLine, parse_line, pci_key, pci_text
@@ -79,8 +81,8 @@ class XidReceiver(Receiver):
                         pci = _text(nv.nvmlDeviceGetPciInfo(h).busId)
                         self.gpus[pci_key(pci)[:3]] = {
                             str(GPU_INDEX): index, str(HW_ID): _text(nv.nvmlDeviceGetUUID(h)),
-                            str(GPU_PCI_BUS_ID): pci, str(HW_NAME): _text(nv.nvmlDeviceGetName(h)),
-                            str(HW_TYPE): "gpu"}
+                            str(GPU_PCI_BUS_ID): pci, str(HW_MODEL): _text(nv.nvmlDeviceGetName(h)),
+                            str(HW_VENDOR): "NVIDIA", str(HW_TYPE): "gpu"}
                 except Exception as exc:  # noqa: BLE001 - no driver here: PCI ids (and gpu_map) are what we have
                     self.host.log_once("nvml", logging.INFO, "%s: NVML not available (%s); GPUs are named by PCI bus "
                                        "id%s", cid, exc, " and gpu_map" if cfg.gpu_map else " only (set gpu_map to "
@@ -91,16 +93,7 @@ class XidReceiver(Receiver):
             ident[str(GPU_INDEX)] = index
 
     def _load_backend(self) -> Any:
-        if self.config.backend == "fake":
-            from otel_gpu.testing.fake_nvml import FakeNvml  # only when the config asks for the fake
-
-            self.backend = FakeNvml(self.config.scenario)
-        else:
-            try:
-                import pynvml
-            except ImportError:
-                return None
-            self.backend = pynvml
+        self.backend = backends.load("nvml", self.config.backend, scenario=self.config.scenario or None)
         return self.backend
 
     # -- following the log ----------------------------------------------------------------------------------------------

@@ -103,8 +103,34 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- define "otel-gpu.memoryLimiter" -}}
 {{- $m := .Values.memoryLimiter -}}
 {{- if $m.enabled -}}
-{{- toYaml (dict "memory_limiter" (dict "check_interval_s" 1 "limit_percentage" (int $m.limitPercentage) "spike_limit_percentage" (int $m.spikeLimitPercentage))) -}}
+{{- toYaml (dict "memory_limiter" (dict "check_interval" "1s" "limit_percentage" (int $m.limitPercentage) "spike_limit_percentage" (int $m.spikeLimitPercentage))) -}}
 {{- end -}}
+{{- end -}}
+
+{{/*
+The processors of every pipeline, in order: memory_limiter first (it must see data before anything else holds it),
+then attribution and goodput where this collector analyzes (`analyze`), then the extraProcessors list. Returns
+{chain: [names], settings: {name: settings}}. Called with (dict "Values" .Values "analyze" BOOL "extra" LIST).
+*/}}
+{{- define "otel-gpu.processors" -}}
+{{- $settings := include "otel-gpu.memoryLimiter" . | fromYaml | default dict -}}
+{{- $chain := list -}}
+{{- if $settings -}}{{- $chain = append $chain "memory_limiter" -}}{{- end -}}
+{{- if .analyze -}}
+{{- range $name := list "attribution" "goodput" -}}
+{{- $p := index $.Values $name -}}
+{{- if $p.enabled -}}
+{{- $_ := set $settings $name (deepCopy ($p.settings | default dict)) -}}
+{{- $chain = append $chain $name -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- range $p := .extra | default list -}}
+{{- if has $p.name $chain -}}{{- fail (printf "extraProcessors: %s is already in every pipeline (set its settings through attribution/goodput/memoryLimiter or *.config)" $p.name) -}}{{- end -}}
+{{- $_ := set $settings $p.name (deepCopy ($p.settings | default dict)) -}}
+{{- $chain = append $chain $p.name -}}
+{{- end -}}
+{{- toYaml (dict "chain" $chain "settings" $settings) -}}
 {{- end -}}
 
 {{/* Exporter settings for the OTLP backend (empty dict when none). */}}
@@ -161,9 +187,10 @@ spans are on the spans the backend stores (and nothing is sent twice). */ -}}
 {{- $logsOut = append $logsOut "otlp/aggregator" -}}
 {{- end -}}
 {{- $pipelines := dict "traces" (dict "receivers" (list "otlp") "exporters" $traceOut) "metrics" (dict "receivers" $metricsIn "exporters" $metricsOut) "logs" (dict "receivers" $logsIn "exporters" $logsOut) -}}
-{{- $processors := include "otel-gpu.memoryLimiter" . | fromYaml | default dict -}}
-{{- range $name, $p := $pipelines -}}{{- if $processors -}}{{- $_ := set $p "processors" (list "memory_limiter") -}}{{- end -}}{{- end -}}
-{{- $config := dict "receivers" $receivers "processors" $processors "exporters" $exporters "service" (dict "pipelines" $pipelines) -}}
+{{- /* Attribution and goodput run here unless the aggregator does (it sees every node of a job). */ -}}
+{{- $processors := include "otel-gpu.processors" (dict "Values" .Values "analyze" (not .Values.aggregator.enabled) "extra" $a.extraProcessors) | fromYaml -}}
+{{- range $name, $p := $pipelines -}}{{- if $processors.chain -}}{{- $_ := set $p "processors" $processors.chain -}}{{- end -}}{{- end -}}
+{{- $config := dict "receivers" $receivers "processors" $processors.settings "exporters" $exporters "service" (dict "pipelines" $pipelines) -}}
 {{- toYaml (mustMergeOverwrite $config (deepCopy ($a.config | default dict))) -}}
 {{- end -}}
 
@@ -179,26 +206,17 @@ spans are on the spans the backend stores (and nothing is sent twice). */ -}}
 {{- $traceOut = append $traceOut "otlp/backend" -}}
 {{- end -}}
 {{- $pipelines := dict "traces" (dict "receivers" (list "otlp") "exporters" $traceOut) "metrics" (dict "receivers" (list "otlp") "exporters" (list "prometheus" "store")) "logs" (dict "receivers" (list "otlp") "exporters" (list "store")) -}}
-{{- $processors := include "otel-gpu.memoryLimiter" . | fromYaml | default dict -}}
-{{- range $name, $p := $pipelines -}}{{- if $processors -}}{{- $_ := set $p "processors" (list "memory_limiter") -}}{{- end -}}{{- end -}}
-{{- $config := dict "receivers" $receivers "processors" $processors "exporters" $exporters "service" (dict "pipelines" $pipelines) -}}
+{{- $processors := include "otel-gpu.processors" (dict "Values" .Values "analyze" true "extra" $g.extraProcessors) | fromYaml -}}
+{{- range $name, $p := $pipelines -}}{{- if $processors.chain -}}{{- $_ := set $p "processors" $processors.chain -}}{{- end -}}{{- end -}}
+{{- $config := dict "receivers" $receivers "processors" $processors.settings "exporters" $exporters "service" (dict "pipelines" $pipelines) -}}
 {{- toYaml (mustMergeOverwrite $config (deepCopy ($g.config | default dict))) -}}
 {{- end -}}
 
-{{/* Downward-API environment shared by agent and aggregator: identity for resource attributes. */}}
+{{/* Downward-API environment shared by agent and aggregator: the node's name, which the receivers' host_name reads
+(${env:NODE_NAME}). Only variables the collector reads are set (tests/test_helm.py checks each). */}}
 {{- define "otel-gpu.downwardEnv" -}}
 - name: NODE_NAME
   valueFrom:
     fieldRef:
       fieldPath: spec.nodeName
-- name: POD_NAME
-  valueFrom:
-    fieldRef:
-      fieldPath: metadata.name
-- name: POD_NAMESPACE
-  valueFrom:
-    fieldRef:
-      fieldPath: metadata.namespace
-- name: OTEL_RESOURCE_ATTRIBUTES
-  value: "host.name=$(NODE_NAME),k8s.node.name=$(NODE_NAME),k8s.pod.name=$(POD_NAME),k8s.namespace.name=$(POD_NAMESPACE)"
 {{- end -}}

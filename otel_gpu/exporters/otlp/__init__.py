@@ -9,7 +9,7 @@ Example config::
       otlp:
         endpoint: backend.example:4317
         compression: gzip
-        retry_on_failure: {enabled: true, initial_interval_s: 5, max_interval_s: 30, max_elapsed_time_s: 300}
+        retry_on_failure: {enabled: true, initial_interval: 5s, max_interval: 30s, max_elapsed_time: 5m}
         sending_queue: {enabled: true, queue_size: 1000, num_consumers: 10,
                         persistent: {path: /var/lib/otel-gpu/queue, max_size_mib: 256}}  # survives restarts
       otlphttp:

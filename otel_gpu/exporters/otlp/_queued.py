@@ -257,8 +257,8 @@ class QueuedExporter(Exporter):
                 interval = min(interval * retry.multiplier, retry.max_interval_s)
             if time.monotonic() + delay > give_up_at:
                 return self._give_up(signal, items, count, "retries exhausted", f"retried for "
-                                     f"{time.monotonic() - started:.1f}s (max_elapsed_time_s "
-                                     f"{retry.max_elapsed_time_s}): {attempt.message}")
+                                     f"{time.monotonic() - started:.1f}s (max_elapsed_time "
+                                     f"{retry.max_elapsed_time_s:g}s): {attempt.message}")
             _logger.debug("%s: %s; retrying in %.2fs", self._cid, attempt.message, delay)
             if self._abort.wait(delay):
                 return self._give_up(signal, items, count, "shutdown deadline reached", attempt.message)

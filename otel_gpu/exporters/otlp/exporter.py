@@ -1,15 +1,24 @@
 """The ``otlp`` (gRPC) and ``otlphttp`` exporters: send each batch's wire bytes as they are, from a queue.
 
-Example:
+Example (into an OTLP sink on a free loopback port):
+    >>> from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
     >>> from otel_gpu.collector.telemetry import PrometheusSelfTelemetry
     >>> from otel_gpu.component import ComponentHost
     >>> from otel_gpu.config import build
     >>> from otel_gpu.exporters.otlp import OtlpExporter, OtlpExporterConfig
-    >>> cfg = build(OtlpExporterConfig, {"endpoint": "127.0.0.1:4317"}, "exporters.otlp")
-    >>> exporter = OtlpExporter(cfg, ComponentHost("otlp", PrometheusSelfTelemetry()))
-    >>> exporter.start()            # doctest: +SKIP
-    >>> exporter.export(batch)      # doctest: +SKIP
-    <ExportResult.QUEUED: 'queued'>
+    >>> from otel_gpu.pdata import Batch, Signal
+    >>> from otel_gpu.testing.otlp_sink import OtlpSink
+    >>> request = ExportTraceServiceRequest()
+    >>> _ = request.resource_spans.add().scope_spans.add().spans.add(name="step")
+    >>> with OtlpSink() as sink:
+    ...     cfg = build(OtlpExporterConfig, {"endpoint": sink.endpoint, "compression": "none"}, "exporters.otlp")
+    ...     exporter = OtlpExporter(cfg, ComponentHost("otlp", PrometheusSelfTelemetry()))
+    ...     exporter.start()
+    ...     print(exporter.export(Batch.from_message(Signal.TRACES, request)))
+    ...     print(sink.wait_for(lambda s: s.span_count() == 1, timeout_s=10))
+    ...     exporter.shutdown()
+    ExportResult.QUEUED
+    True
 """
 from __future__ import annotations
 
@@ -25,7 +34,7 @@ from urllib.parse import urlsplit
 import grpc
 from google.rpc import error_details_pb2, status_pb2
 
-from otel_gpu._security import read_optional
+from otel_gpu.security import read_optional
 from otel_gpu.exporters.otlp._queued import Attempt, QueuedExporter
 from otel_gpu.pdata import Signal
 

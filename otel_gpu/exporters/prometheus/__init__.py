@@ -1,8 +1,11 @@
 """``prometheus`` exporter: serves the latest OTLP metrics, and the collector's self-telemetry, for Prometheus.
 
-OTLP metrics become Prometheus series by OpenTelemetry's compatibility rules (``hw.gpu.power`` in W ->
-``hw_gpu_power_watts``; monotonic sums -> ``*_total`` counters; explicit-bucket histograms -> histograms). Data point
-and resource attributes become labels. Series not updated for ``metric_expiration_s`` disappear.
+OTLP metrics become Prometheus series by the reference translation that Prometheus and the OpenTelemetry Collector
+share (``hw.power`` in W -> ``hw_power_watts``; monotonic sums -> ``*_total`` counters; ``_ratio`` only for gauges in
+unit ``1``; explicit-bucket histograms -> histograms; see :mod:`otel_gpu.schema._prom`). Data point attributes become
+labels; resources become ``job``/``instance`` labels and a ``target_info`` series, and the promoted resource
+attributes (job id, host, rank, GPU) stay labels of every series (``resource_to_telemetry_conversion`` is off by
+default, as in the Collector). Series not updated for ``metric_expiration`` disappear.
 ``/metrics`` answers in the Prometheus text format, or OpenMetrics when the scraper asks for it; ``/health`` answers
 ``{"status": "ok"}``.
 
@@ -12,8 +15,9 @@ Example config::
       prometheus:
         endpoint: 127.0.0.1:9464
         namespace: ""                 # optional prefix, e.g. "training"
-        metric_expiration_s: 300
-        resource_to_telemetry_conversion: true
+        metric_expiration: 5m
+        resource_to_telemetry_conversion: false   # the default; true copies every resource attribute
+        promote_resource_attributes: [training.job.id, host.name, training.rank, gpu.index]   # the default
         const_labels: {cluster: a}
 
 Example (in Python)::

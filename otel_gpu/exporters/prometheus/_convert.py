@@ -39,8 +39,12 @@ _DELTA = 1  # AggregationTemporality.AGGREGATION_TEMPORALITY_DELTA
 _NO_RECORDED_VALUE = 1  # DataPointFlags.DATA_POINT_FLAGS_NO_RECORDED_VALUE_MASK
 _BAD_LABEL_CHARS = re.compile(r"[^a-zA-Z0-9_]")
 _CACHE_MAX = 20_000
+_SERVICE_NAME, _SERVICE_NAMESPACE, _SERVICE_INSTANCE_ID = "service.name", "service.namespace", "service.instance.id"
+_IDENTIFYING = frozenset((_SERVICE_NAME, _SERVICE_NAMESPACE, _SERVICE_INSTANCE_ID))
+TARGET_INFO = "target_info"
 
 GAUGE, COUNTER, HISTOGRAM = "gauge", "counter", "histogram"
+UPDOWN = "updowncounter"  # OTLP non-monotonic sum (exposed as a gauge)
 
 
 def _any_to_json(value: Any) -> Any:
@@ -73,19 +77,31 @@ def label_value(value: Any) -> str:
 class MetricState:
     """The latest value of every series, by family; a prometheus-client custom collector.
 
+    Resources become labels as in the OpenTelemetry Collector's prometheus exporter: ``job`` (``service.namespace/``
+    ``service.name``) and ``instance`` (``service.instance.id``) on every series, and a ``target_info`` gauge (value 1)
+    per resource carrying its other attributes, to join on ``job``/``instance``. Prometheus' OTLP ingestion makes
+    ``target_info`` the same way: only for a resource with ``job`` or ``instance`` and at least one other attribute.
+
     Args:
         namespace: prefix for every family name (``"<namespace>_<name>"``); empty for none.
-        expiration_s: series not updated for this long are dropped.
-        resource_labels: copy resource attributes into labels (data point attributes win on a clash).
+        expiration_s: series (and ``target_info`` entries) not updated for this long are dropped.
+        resource_labels: copy every resource attribute into labels (the Collector's
+            ``resource_to_telemetry_conversion``; data point attributes win on a clash).
         const_labels: added to every series (lowest precedence).
         log_once: where unsupported metric types are reported, once per metric name.
+        promote: resource attributes copied into labels even when ``resource_labels`` is off (like Prometheus'
+            ``otlp.promote_resource_attributes``).
     """
 
-    def __init__(self, namespace: str = "", expiration_s: float = 300.0, resource_labels: bool = True,
-                 const_labels: dict[str, str] | None = None, log_once: LogOnce | None = None):
+    def __init__(self, namespace: str = "", expiration_s: float = 300.0, resource_labels: bool = False,
+                 const_labels: dict[str, str] | None = None, log_once: LogOnce | None = None,
+                 promote: Iterable[str] = ()):
         self._prefix = f"{namespace}_" if namespace else ""
         self._expiration_s = expiration_s
         self._resource_labels = resource_labels
+        self._promote = frozenset(promote)
+        # target_info label set -> last update (monotonic)
+        self._targets: dict[tuple[tuple[str, str], ...], float] = {}
         self._const = dict(const_labels or {})
         self._log_once = log_once or LogOnce(_logger)
         self._lock = threading.Lock()
@@ -142,16 +158,39 @@ class MetricState:
         taken = 0
         with self._lock:
             for rm in request.resource_metrics:
-                base = dict(self._const)
-                if self._resource_labels:
-                    for kv in rm.resource.attributes:
-                        base[self._label_name(kv.key)] = label_value(kv.value)
+                base = self._resource(rm.resource.attributes, now)
                 for sm in rm.scope_metrics:
                     for metric in sm.metrics:
                         taken += self._update_metric(metric, base, now)
             if now - self._last_sweep > min(10.0, self._expiration_s):
                 self._expire(now)
         return taken
+
+    def _resource(self, attributes: Iterable[Any], now: float) -> dict[str, str]:
+        """The labels a resource gives each of its series; records its ``target_info`` entry."""
+        base = dict(self._const)
+        values = {kv.key: label_value(kv.value) for kv in attributes}
+        name = values.get(_SERVICE_NAME)
+        job = f"{values[_SERVICE_NAMESPACE]}/{name}" if name is not None and _SERVICE_NAMESPACE in values else name
+        instance = values.get(_SERVICE_INSTANCE_ID)
+        info: dict[str, str] = {}
+        for key, value in values.items():
+            if key in _IDENTIFYING:
+                if self._resource_labels:
+                    base[self._label_name(key)] = value
+                continue
+            label = self._label_name(key)
+            info[label] = f"{info[label]};{value}" if label in info else value
+            if self._resource_labels or key in self._promote:
+                base[label] = value
+        for label, value in (("job", job), ("instance", instance)):
+            if value is not None:
+                base[label] = info[label] = value
+        if (job is not None or instance is not None) and len(info) > (job is not None) + (instance is not None):
+            if len(self._targets) > _CACHE_MAX:
+                self._targets.clear()
+            self._targets[tuple(sorted(info.items()))] = now
+        return base
 
     def _family(self, name: str, kind: str, help_text: str) -> dict:
         family = self._families.get(name)
@@ -176,7 +215,9 @@ class MetricState:
         if data == "sum":
             s = metric.sum
             kind = COUNTER if s.is_monotonic else GAUGE
-            series = self._family(self._family_name(metric.name, metric.unit, kind), kind, metric.description)
+            # a non-monotonic sum is a Prometheus gauge, but named as one (no _ratio for unit 1, as the reference)
+            otlp_kind = COUNTER if s.is_monotonic else UPDOWN
+            series = self._family(self._family_name(metric.name, metric.unit, otlp_kind), kind, metric.description)
             return self._numbers(series, s.data_points, base, now, delta=s.aggregation_temporality == _DELTA)
         if data == "histogram":
             h = metric.histogram
@@ -244,6 +285,8 @@ class MetricState:
                 del series[k]
             if not series:
                 del self._families[name]
+        for key in [k for k, t in self._targets.items() if t < cutoff]:
+            del self._targets[key]
         self._last_sweep = now
 
     def series_count(self) -> int:
@@ -259,6 +302,10 @@ class MetricState:
         out: list[Metric] = []
         with self._lock:
             self._expire(now)
+            if self._targets:
+                info = Metric(self._prefix + TARGET_INFO, "Target metadata", GAUGE)
+                info.samples.extend(Sample(info.name, dict(key), 1.0, None, None) for key in self._targets)
+                out.append(info)
             for name, (kind, help_text, series) in sorted(self._families.items()):
                 try:
                     family = Metric(name, help_text or name, kind)

@@ -6,6 +6,8 @@ Example:
     ...             "exporters.prometheus")
     >>> cfg.endpoint, cfg.resource_to_telemetry_conversion
     ('127.0.0.1:9464', False)
+    >>> cfg.promote_resource_attributes
+    ['training.job.id', 'host.name', 'training.rank', 'gpu.index']
     >>> parse_endpoint("[::1]:9464")
     ('::1', 9464)
 """
@@ -15,6 +17,7 @@ import re
 from dataclasses import dataclass, field
 
 from otel_gpu._security import BasicAuthConfig, ServerTlsConfig
+from otel_gpu.schema.identity import PROMOTED_RESOURCE_ATTRIBUTES
 
 __all__ = ["PrometheusExporterConfig", "parse_endpoint"]
 
@@ -43,13 +46,17 @@ class PrometheusExporterConfig:
     """Where to serve ``/metrics`` and how OTLP metrics become Prometheus series.
 
     ``resource_to_telemetry_conversion`` accepts ``true``/``false`` or the OpenTelemetry Collector's
-    ``{enabled: true}`` form.
+    ``{enabled: true}`` form; off by default, as in the Collector: resources then reach Prometheus as ``target_info``
+    plus ``job``/``instance``, and only ``promote_resource_attributes`` (the job id, host, rank and GPU the dashboards
+    filter on; the name of Prometheus' own OTLP setting) become labels of every series.
     """
 
     endpoint: str = "127.0.0.1:9464"
     namespace: str = ""
     metric_expiration_s: float = 300.0
-    resource_to_telemetry_conversion: bool | dict[str, bool] = True
+    resource_to_telemetry_conversion: bool | dict[str, bool] = False
+    promote_resource_attributes: list[str] = field(
+        default_factory=lambda: [str(a) for a in PROMOTED_RESOURCE_ATTRIBUTES])
     const_labels: dict[str, str] = field(default_factory=dict)
     tls: ServerTlsConfig | None = None  # {cert_file, key_file, client_ca_file}: serve https (mTLS with client_ca_file)
     basic_auth: BasicAuthConfig | None = None  # {username, password_file}: /metrics needs it; /health stays open
@@ -69,6 +76,10 @@ class PrometheusExporterConfig:
                 raise ValueError(f"resource_to_telemetry_conversion: unknown setting {sorted(unknown)[0]!r} "
                                  "(known: enabled)")
             self.resource_to_telemetry_conversion = bool(self.resource_to_telemetry_conversion.get("enabled", False))
+        for i, key in enumerate(self.promote_resource_attributes):
+            if not isinstance(key, str) or not key:
+                raise ValueError(f"promote_resource_attributes[{i}] must be a resource attribute key, e.g. host.name "
+                                 f"(got {key!r})")
         for name in self.const_labels:
             if not _LABEL.match(name) or name.startswith("__"):
                 raise ValueError(f"const_labels.{name}: not a valid Prometheus label name "

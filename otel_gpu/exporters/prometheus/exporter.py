@@ -3,16 +3,14 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
-import ssl
 import threading
-from socketserver import ThreadingMixIn
 from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+from wsgiref.simple_server import WSGIRequestHandler
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
-from otel_gpu._security import BasicAuthChecker, server_ssl_context
+from otel_gpu import httpserver
+from otel_gpu.security import BasicAuthChecker, server_ssl_context
 from otel_gpu.component import ComponentHost, Exporter, ExportResult
 from otel_gpu.exporters.prometheus._convert import MetricState
 from otel_gpu.exporters.prometheus.config import PrometheusExporterConfig, parse_endpoint
@@ -28,40 +26,6 @@ _INDEX = b"otel-gpu prometheus exporter: metrics at /metrics, health at /health\
 class _Quiet(WSGIRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
         """Scrapes are not logged."""
-
-
-class _Server(ThreadingMixIn, WSGIServer):
-    daemon_threads = True  # a stuck scraper never holds the collector's exit
-
-    def server_bind(self) -> None:
-        # HTTPServer.server_bind resolves the host name (socket.getfqdn), which can stall without DNS; skip it.
-        self.socket.bind(self.server_address)
-        self.server_address = self.socket.getsockname()
-        host, port = self.server_address[:2]
-        self.server_name, self.server_port = str(host), port
-        self.setup_environ()
-
-
-class _TlsServer(_Server):
-    """TLS per connection, on the connection's own thread: a stalled handshake never blocks other scrapes."""
-
-    ssl_context: ssl.SSLContext
-
-    def finish_request(self, request, client_address) -> None:
-        request.settimeout(10.0)
-        try:
-            tls = self.ssl_context.wrap_socket(request, server_side=True)
-        except (OSError, ssl.SSLError) as exc:
-            _logger.debug("prometheus: TLS handshake with %s failed: %s", client_address, exc)
-            return
-        try:
-            tls.settimeout(30.0)
-            super().finish_request(tls, client_address)
-        finally:
-            try:
-                tls.close()
-            except OSError:
-                pass
 
 
 _UNAUTHORIZED = b"unauthorized: this endpoint needs basic auth\n"
@@ -96,7 +60,8 @@ class PrometheusExporter(Exporter):
     def __init__(self, config: PrometheusExporterConfig, host: ComponentHost):
         super().__init__(config, host)
         self.state = MetricState(config.namespace, config.metric_expiration_s,
-                                 bool(config.resource_to_telemetry_conversion), config.const_labels, host.log_once)
+                                 bool(config.resource_to_telemetry_conversion), config.const_labels, host.log_once,
+                                 promote=config.promote_resource_attributes)
         self.registry = _registry()
         self.registry.register(self.state)
         self_telemetry = host.services.get("self_telemetry_registry")
@@ -104,7 +69,7 @@ class PrometheusExporter(Exporter):
             self.registry.register(_Forward(self_telemetry))
         self._metrics_app = make_wsgi_app(self.registry)
         self._basic_auth: BasicAuthChecker | None = None
-        self._server: _Server | None = None
+        self._server: httpserver.WsgiHttpServer | None = None
         self._thread: threading.Thread | None = None
 
     @property
@@ -144,13 +109,11 @@ class PrometheusExporter(Exporter):
         host, port = parse_endpoint(self.config.endpoint)
         if self.config.basic_auth is not None:  # reads password_file: a missing file fails start-up, naming the key
             self._basic_auth = BasicAuthChecker(self.config.basic_auth, "basic_auth.password")
-        server_class = _Server
-        if self.config.tls is not None:
-            server_class = type("_TlsServer", (_TlsServer,), {"ssl_context": server_ssl_context(self.config.tls)})
-        if ":" in host:
-            server_class = type("_Server6", (server_class,), {"address_family": socket.AF_INET6})
+        ssl_context = server_ssl_context(self.config.tls) if self.config.tls is not None else None
         try:
-            self._server = make_server(host, port, self._app, server_class=server_class, handler_class=_Quiet)
+            self._server = httpserver.make_server(host, port, _Quiet, ssl_context=ssl_context, what="prometheus",
+                                                  base=httpserver.WsgiHttpServer)
+            self._server.set_app(self._app)
         except OSError as exc:
             hint = (f"port {port} is already in use (another collector or exporter?); set exporters."
                     f"{self.host.component_id}.endpoint to a free port") if port else "check the host address"

@@ -20,11 +20,15 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+from otel_gpu.exporters.store import devices as _devices
+from otel_gpu.exporters.store.devices import culprit_counts, device_events, device_states
+
 __all__ = ["DB_FILE", "SCHEMA_VERSION", "StoreMissing", "StoreTooNew", "db_path", "open_writer", "open_reader",
-           "failures", "goodput", "latest_goodput", "jobs", "failure_count"]
+           "failures", "failure_versions", "goodput", "latest_goodput", "jobs", "failure_count", "is_withdrawn",
+           "WITHDRAWN", "device_states", "device_events", "culprit_counts"]
 
 DB_FILE = "otel-gpu.db"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 3
 
 # Each entry migrates from version i to i + 1 (index 0: empty file -> 1). Append; never edit a shipped step.
 _MIGRATIONS: list[tuple[str, ...]] = [
@@ -51,6 +55,18 @@ _MIGRATIONS: list[tuple[str, ...]] = [
         "WITHOUT ROWID",
         "CREATE TABLE job_hosts (job_id TEXT NOT NULL, host TEXT NOT NULL, PRIMARY KEY (job_id, host)) WITHOUT ROWID",
     ),
+    # 1 -> 2: verdicts that change. `failures` holds the latest version of each failure_id (older records without
+    # an id stay one row each); `failure_versions` keeps every version ever received, once per (failure_id, version).
+    (
+        "ALTER TABLE failures ADD COLUMN failure_id TEXT",
+        "ALTER TABLE failures ADD COLUMN version INTEGER",
+        "ALTER TABLE failures ADD COLUMN status TEXT",
+        "CREATE UNIQUE INDEX failures_failure_id ON failures(failure_id)",
+        """CREATE TABLE failure_versions (
+               id INTEGER PRIMARY KEY AUTOINCREMENT, failure_id TEXT NOT NULL, version INTEGER NOT NULL,
+               received_time REAL NOT NULL, record TEXT NOT NULL, UNIQUE (failure_id, version))""",
+    ),
+    _devices.MIGRATION,  # 2 -> 3: device history (devices, device_events, device_failures)
 ]
 assert len(_MIGRATIONS) == SCHEMA_VERSION
 
@@ -136,28 +152,67 @@ def _has_tables(conn: sqlite3.Connection) -> bool:
     return _version(conn) >= 1
 
 
-def failures(conn: sqlite3.Connection, job_id: str | None = None, limit: int | None = None) -> list[dict[str, Any]]:
-    """Failure records, newest first (by detection time)."""
-    if not _has_tables(conn):
+WITHDRAWN = "withdrawn"
+
+
+def is_withdrawn(record: dict[str, Any]) -> bool:
+    """A verdict taken back (a hang whose ranks resumed): ``status: withdrawn`` or ``withdrawn: true``."""
+    return record.get("status") == WITHDRAWN or record.get("withdrawn") is True
+
+
+def failures(conn: sqlite3.Connection, job_id: str | None = None, limit: int | None = None, *,
+             history: bool = False, withdrawn: bool = True) -> list[dict[str, Any]]:
+    """Failure records, newest first (by detection time): the latest version of each failure.
+
+    Args:
+        history: add ``versions`` to each record that has a ``failure_id``: every version received, oldest
+            first, each ``{"version", "received_time", "record"}``.
+        withdrawn: include withdrawn verdicts (marked by their record's ``status``).
+    """
+    layout = _version(conn)
+    if layout < 1:
         return []
-    sql = "SELECT record FROM failures"
+    sql = "SELECT record, failure_id FROM failures" if layout >= 2 else "SELECT record, NULL FROM failures"
+    where: list[str] = []
     args: list[Any] = []
     if job_id is not None:
-        sql += " WHERE job_id = ?"
+        where.append("job_id = ?")
         args.append(job_id)
+    if not withdrawn and layout >= 2:
+        where.append("coalesce(status, '') != ?")
+        args.append(WITHDRAWN)
+    if where:
+        sql += " WHERE " + " AND ".join(where)
     sql += " ORDER BY coalesce(detected_time, received_time) DESC, id DESC"
     if limit is not None and limit >= 0:
         sql += " LIMIT ?"
         args.append(limit)
-    return [json.loads(row[0]) for row in conn.execute(sql, args)]
+    out = []
+    for text, failure_id in conn.execute(sql, args).fetchall():
+        record = json.loads(text)
+        if history and failure_id is not None:
+            record["versions"] = failure_versions(conn, failure_id)
+        out.append(record)
+    return out
+
+
+def failure_versions(conn: sqlite3.Connection, failure_id: str) -> list[dict[str, Any]]:
+    """Every version of one failure the store received, oldest first: ``{"version", "received_time", "record"}``."""
+    if _version(conn) < 2:
+        return []
+    rows = conn.execute("SELECT version, received_time, record FROM failure_versions WHERE failure_id = ? "
+                        "ORDER BY version, id", (failure_id,))
+    return [{"version": v, "received_time": t, "record": json.loads(r)} for v, t, r in rows]
 
 
 def failure_count(conn: sqlite3.Connection, signature: str | None = None) -> int:
+    """Failures recorded (one per failure_id, whatever its revisions), withdrawn verdicts not counted."""
     if not _has_tables(conn):
         return 0
+    live = " coalesce(status, '') != 'withdrawn'" if _version(conn) >= 2 else " 1"
     if signature is None:
-        return conn.execute("SELECT count(*) FROM failures").fetchone()[0]
-    return conn.execute("SELECT count(*) FROM failures WHERE signature = ?", (signature,)).fetchone()[0]
+        return conn.execute("SELECT count(*) FROM failures WHERE" + live).fetchone()[0]
+    return conn.execute("SELECT count(*) FROM failures WHERE signature = ? AND" + live, (signature,)).fetchone()[0]
 
 
 def goodput(conn: sqlite3.Connection, job_id: str) -> dict[str, Any] | None:

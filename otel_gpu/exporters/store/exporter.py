@@ -14,9 +14,11 @@ from typing import Any
 
 from otel_gpu.component import ComponentHost, Exporter, ExportResult
 from otel_gpu.exporters.store import db
+from otel_gpu.exporters.store import devices as device_store
 from otel_gpu.exporters.store.config import StoreExporterConfig
 from otel_gpu.pdata import Batch, Signal
 from otel_gpu.schema import failure as failure_schema
+from otel_gpu.schema import health as health_schema
 from otel_gpu.schema import identity
 
 __all__ = ["FailureHistory", "StoreExporter"]
@@ -25,7 +27,8 @@ _logger = logging.getLogger(__name__)
 
 _FAILURE = failure_schema.FAILURE_EVENT.name
 _GOODPUT = failure_schema.GOODPUT_EVENT.name
-_EVENTS = (_FAILURE, _GOODPUT)
+_DEVICE = health_schema.STATE_CHANGE_EVENT.name
+_EVENTS = (_FAILURE, _GOODPUT, _DEVICE)
 _JOB, _HOST, _RANK, _WORLD = (str(identity.JOB_ID), str(identity.HOST_NAME), str(identity.RANK),
                               str(identity.WORLD_SIZE))
 _IDENTITY_KEYS = frozenset((_JOB, _HOST, _RANK, _WORLD))
@@ -187,6 +190,8 @@ class StoreExporter(Exporter):
         if "failure_history" in host.services:
             _logger.warning("more than one store exporter: failure_history now reads %s", self.path)
         host.services["failure_history"] = self.history
+        self.devices = device_store.DeviceHistory(self.path, db.open_reader)  # device history (health processor)
+        host.services["device_history"] = self.devices
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=config.queue_size)
         self._jobs_lock = threading.Lock()
         self._jobs: dict[str, _JobSeen] = {}
@@ -237,14 +242,24 @@ class StoreExporter(Exporter):
         return ExportResult.QUEUED
 
     def _enqueue(self, name: str, body: dict[str, Any], now: float) -> bool:
+        # The 4th item is the signature counted as pending for recurrence until committed: a revision or a
+        # withdrawal of a failure already counted is no new failure.
         signature = str(body.get("signature") or "") if name == _FAILURE else ""
+        if signature and ((_int(body.get("version")) or 1) > 1 or db.is_withdrawn(body)):
+            signature = ""
         if signature:
             self.history.add_pending(signature)
+        if name == _FAILURE:
+            self.devices.add_pending(body)
+        elif name == _DEVICE:
+            self.devices.learn(body)
         try:
             self._queue.put_nowait((name, body, now, signature))
         except queue.Full:
             if signature:
                 self.history.remove_pending([signature])
+            if name == _FAILURE:
+                self.devices.remove_pending([body])
             return False
         return True
 
@@ -300,6 +315,7 @@ class StoreExporter(Exporter):
         except (OSError, sqlite3.Error, db.StoreTooNew) as exc:
             raise RuntimeError(f"store cannot open {db.db_path(self.path)}: {exc}; check exporters."
                                f"{self.host.component_id}.path") from None
+        self.devices.load(self._conn)
         self._retention()
         self._thread = threading.Thread(target=self._run, name=f"otel-gpu-store-{self.host.component_id}",
                                         daemon=True)
@@ -338,6 +354,7 @@ class StoreExporter(Exporter):
             self._conn.close()
             self._conn = None
         self.history.close()
+        self.devices.close()
 
     def _drain_queue(self) -> None:
         lost = []
@@ -348,6 +365,8 @@ class StoreExporter(Exporter):
                 break
             if isinstance(item, tuple):
                 lost.append(item[3])
+                if item[0] == _FAILURE:
+                    self.devices.remove_pending([item[1]])
         self.history.remove_pending([s for s in lost if s])
         if lost:
             self.host.telemetry.dropped(self.host.component_id, Signal.LOGS, len(lost))
@@ -377,6 +396,7 @@ class StoreExporter(Exporter):
                 self.host.log_once("write", logging.ERROR, "store %s: write failed; %d records dropped "
                                    "(logged once)", self.host.component_id, len(records), exc_info=True)
                 self.history.remove_pending([r[3] for r in records if r[3]])
+                self.devices.remove_pending([r[1] for r in records if r[0] == _FAILURE])
                 self.host.telemetry.dropped(self.host.component_id, Signal.LOGS, len(records))
             if flush_jobs:
                 next_jobs = now + cfg.flush_interval_s
@@ -406,9 +426,12 @@ class StoreExporter(Exporter):
             return
         conn.execute("BEGIN IMMEDIATE")
         try:
-            for name, body, received, signature in records:
+            for name, body, received, _pending in records:
                 if name == _FAILURE:
-                    self._insert_failure(conn, body, received, signature)
+                    self._insert_failure(conn, body, received)
+                    device_store.link_failure(conn, body, received, self.devices.ids(body))
+                elif name == _DEVICE:
+                    device_store.insert_state(conn, body, received)
                 else:
                     self._insert_goodput(conn, body, received)
             self._write_jobs(conn, jobs)
@@ -418,9 +441,10 @@ class StoreExporter(Exporter):
                 for job, seen in jobs.items():
                     self._merge_job(job, seen)
             raise
-        with self.history.commit_lock:
+        with self.history.commit_lock, self.devices.commit_lock:
             conn.execute("COMMIT")
             self.history.remove_pending([r[3] for r in records if r[3]])
+            self.devices.remove_pending([r[1] for r in records if r[0] == _FAILURE])
         self.written += len(records)
         if records:
             self.host.telemetry.exported(self.host.component_id, Signal.LOGS, len(records))
@@ -436,13 +460,32 @@ class StoreExporter(Exporter):
         cur.world_size = cur.world_size if cur.world_size is not None else seen.world_size
 
     @staticmethod
-    def _insert_failure(conn: sqlite3.Connection, body: dict[str, Any], received: float, signature: str) -> None:
+    def _insert_failure(conn: sqlite3.Connection, body: dict[str, Any], received: float) -> None:
+        """One row per failure: a record with a ``failure_id`` replaces an older version of the same failure (never
+        a newer one: versions may arrive out of order after a replay), and every version lands in
+        ``failure_versions`` once (a redelivered version is ignored)."""
+        failure_id = None if body.get("failure_id") in (None, "") else str(body["failure_id"])
+        version = _int(body.get("version"))
+        version = 1 if version is None else version
+        status = db.WITHDRAWN if db.is_withdrawn(body) else _text(body.get("status"))
+        text = json.dumps(body, sort_keys=True)
+        signature = str(body.get("signature") or "")
+        row = (_text(body.get("kind")), _text(body.get("root_cause")),
+               None if body.get("job_id") is None else str(body["job_id"]), signature or None,
+               _num(body.get("detected_time")), received, text, failure_id, version, status)
+        if failure_id is None:
+            conn.execute("INSERT INTO failures (kind, root_cause, job_id, signature, detected_time, received_time, "
+                         "record, failure_id, version, status) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
+            return
+        conn.execute("INSERT OR IGNORE INTO failure_versions (failure_id, version, received_time, record) "
+                     "VALUES (?, ?, ?, ?)", (failure_id, version, received, text))
         conn.execute(
-            "INSERT INTO failures (kind, root_cause, job_id, signature, detected_time, received_time, record) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (_text(body.get("kind")), _text(body.get("root_cause")),
-             None if body.get("job_id") is None else str(body["job_id"]),
-             signature or None, _num(body.get("detected_time")), received, json.dumps(body, sort_keys=True)))
+            "INSERT INTO failures (kind, root_cause, job_id, signature, detected_time, received_time, record, "
+            "failure_id, version, status) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+            "ON CONFLICT(failure_id) DO UPDATE SET kind = excluded.kind, root_cause = excluded.root_cause, "
+            "job_id = excluded.job_id, signature = excluded.signature, detected_time = excluded.detected_time, "
+            "received_time = excluded.received_time, record = excluded.record, version = excluded.version, "
+            "status = excluded.status WHERE excluded.version >= coalesce(failures.version, 0)", row)
 
     @staticmethod
     def _insert_goodput(conn: sqlite3.Connection, body: dict[str, Any], received: float) -> None:
@@ -484,10 +527,13 @@ class StoreExporter(Exporter):
                 conn.execute("DELETE FROM failures WHERE received_time < ?", (cutoff,))
                 conn.execute("DELETE FROM failures WHERE id <= (SELECT id FROM failures ORDER BY id DESC "
                              "LIMIT 1 OFFSET ?)", (cfg.max_failures,))
+                conn.execute("DELETE FROM failure_versions WHERE received_time < ? OR failure_id NOT IN "
+                             "(SELECT failure_id FROM failures WHERE failure_id IS NOT NULL)", (cutoff,))
                 conn.execute("DELETE FROM goodput_history WHERE received_time < ?", (cutoff,))
                 conn.execute("DELETE FROM goodput_history WHERE id <= (SELECT id FROM goodput_history "
                              "ORDER BY id DESC LIMIT 1 OFFSET ?)", (cfg.max_goodput_history,))
                 conn.execute("DELETE FROM goodput WHERE updated_time < ?", (cutoff,))
+                device_store.retention(conn, cutoff)
                 if conn.execute("DELETE FROM jobs WHERE last_seen < ?", (cutoff,)).rowcount:
                     conn.execute("DELETE FROM job_ranks WHERE job_id NOT IN (SELECT job_id FROM jobs)")
                     conn.execute("DELETE FROM job_hosts WHERE job_id NOT IN (SELECT job_id FROM jobs)")

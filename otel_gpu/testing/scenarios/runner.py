@@ -1,15 +1,23 @@
 """Runs one scenario: collector in this process, the training job as ``otel-gpu run -- torchrun ...``, the hardware
-part of the fault injected into the fake NVML / fake sysfs when the faulty rank says the fault begins."""
+part of the fault injected into the fake NVML / fake sysfs before, with or after the faulty rank's symptom, on fake
+hardware that can start dirty (ports down since boot, a power cap already on, background error counts, an old XID).
+
+What counts is what a user sees: the verdicts are read back from the collector's store (the latest version of each
+failure; withdrawn verdicts are not failures), with the time each first appeared there.
+"""
 from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,11 +25,23 @@ from typing import Any, Callable
 
 from otel_gpu.collector.config import load_text
 from otel_gpu.collector.runtime import Collector
+from otel_gpu.exporters.store import db
+from otel_gpu.testing.fake_sysfs import FakeSysfs
 
-__all__ = ["SCENARIOS", "Scenario", "ScenarioResult", "run_scenario", "collector_config", "FakeSysfs"]
+__all__ = ["SCENARIOS", "Scenario", "ScenarioResult", "Dirt", "Case", "draw_cases", "run_scenario", "run_case",
+           "collector_config", "FakeSysfs"]
 
 WORLD = 4
-IB_PORT = ("mlx5_0", "1")
+IB_PORT = ("mlx5_0", 1)  # the job's port: up when the job starts
+
+
+@dataclass(frozen=True)
+class Expect:
+    """One verdict a scenario must produce: kind, root cause, and whose it is (``"k"``: the drawn culprit, ``"k2"``:
+    the second drawn rank, ``"0"``..: a fixed rank)."""
+    kind: str
+    root_cause: str
+    who: str = "k"
 
 
 @dataclass(frozen=True)
@@ -35,13 +55,26 @@ class Scenario:
     wait_ack: bool = False
     culprit_is_node: bool = False  # NIC faults name the node; the rank is whichever of its ranks showed it
     steps: int = 60
-    timeout_s: float = 90.0
+    timeout_s: float = 150.0  # a loaded machine takes a minute to start 4 ranks
+    also: tuple[Expect, ...] = ()  # further verdicts in the same incarnation (culprit "k2": the second drawn rank)
+    fixed_rank: int | None = None  # the fault's rank is not drawn (e.g. rank 0's checkpoint)
+    kinds: tuple[str, ...] = ()  # other kinds accepted for the first verdict (uneven inputs: peers wait or fail)
+    agent_restart_s: float = 0.0  # restart the collector (the node agent) for this long when the fault begins
+    #: True statements that are no failure verdict: a 40 s save reported as rank 0's checkpoint_stall slowdown
+    #: (issue 10: a long checkpoint is "a checkpoint_stall/busy rank, not a hang"). Never a hang or a crash.
+    tolerated: tuple[Expect, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    ci: bool = False  # part of the seeded CI subset
+
+    @property
+    def expected(self) -> tuple[Expect, ...]:
+        return ((Expect(self.kind, self.root_cause),) if self.kind else ()) + self.also
 
 
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
-    Scenario("healthy", "none", None, None, "a healthy run: no failure at all", steps=60),
+    Scenario("healthy", "none", None, None, "a healthy run: no failure at all", steps=60, ci=True),
     Scenario("exception", "exception", "crash", "python_exception", "rank k raises ValueError in user code"),
-    Scenario("sigkill", "sigkill", "crash", "rank_process_died", "rank k is killed with SIGKILL"),
+    Scenario("sigkill", "sigkill", "crash", "rank_process_died", "rank k is killed with SIGKILL", ci=True),
     Scenario("os_exit", "os_exit", "crash", "rank_process_died", "rank k calls os._exit(3)"),
     Scenario("cuda_oom", "cuda_oom", "crash", "cuda_oom", "rank k raises CUDA out of memory"),
     Scenario("hang", "sleep_before_collective", "hang", "rank_not_in_collective",
@@ -55,7 +88,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("slow_checkpoint", "slow_checkpoint", "slowdown", "checkpoint_stall",
              "rank k's checkpoint save stalls for 4 s"),
     Scenario("xid79", "cuda_error", "crash", "gpu_fell_off_bus", "rank k's GPU falls off the bus (XID 79)",
-             hardware="xid79", wait_ack=True),
+             hardware="xid79", wait_ack=True, ci=True),
     Scenario("thermal", "straggler", "slowdown", "gpu_thermal_throttle",
              "rank k's GPU enters HW thermal slowdown (SM clock 900 MHz)", hardware="thermal", wait_ack=True),
     Scenario("ecc_dbe", "cuda_error", "crash", "gpu_ecc_uncorrectable",
@@ -65,15 +98,96 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("nic_symbol_errors", "comm_slow", "slowdown", "nic_errors",
              "symbol errors rise on rank k's node's InfiniBand port", hardware="nic_symbol_errors", wait_ack=True,
              culprit_is_node=True),
+    # -- issue 10's adversarial cases -----------------------------------------------------------------------------
+    Scenario("two_failures", "straggler_then_exception", "slowdown", "straggler_compute",
+             "rank k straggles from step 20, then rank k2 raises ValueError at step 45 (one incarnation)",
+             steps=80, also=(Expect("crash", "python_exception", "k2"),), env=(("OTEL_GPU_FAULT_STEP", "20"),)),
+    Scenario("subgroup_chain", "subgroup_sleep", "hang", "rank_not_in_collective",
+             "subgroups [0,1] and [2,3]: rank k sleeps before its subgroup all_reduce; its partner waits there, "
+             "the other pair waits for both in DDP's all-reduce", ci=True),
+    Scenario("uneven_inputs", "uneven_inputs", "hang", "rank_exited_early",
+             "rank k runs out of data and exits 0 at step 25 while its peers wait in the next all-reduce",
+             kinds=("crash",), ci=True),
+    Scenario("long_checkpoint", "long_checkpoint", None, None,
+             "rank 0 saves a checkpoint for 40 s inside torch.save while the others wait (a healthy run)",
+             fixed_rank=0, steps=30, timeout_s=200.0, env=(("OTEL_GPU_CKPT_STALL_S", "40"),),
+             tolerated=(Expect("slowdown", "checkpoint_stall", "0"),)),
+    Scenario("agent_restart", "agent_restart", None, None,
+             "the collector (node agent) restarts for 12 s mid-job (a healthy run)", steps=150, timeout_s=200.0,
+             agent_restart_s=12.0),
+    Scenario("thread_exception", "thread_exception", None, None,
+             "a background thread of rank k raises; training goes on to the end (a healthy run)"),
 )}
+
+
+@dataclass(frozen=True)
+class Dirt:
+    """How dirty the fake hardware is before the job starts (what a real node looks like)."""
+    extra_ports: bool = False  # a second IB port and ifb0/docker0 down since boot, eth0 up
+    power_cap: bool = False  # sw_power_cap active on every GPU before the job (a busy GPU's normal state)
+    background: bool = False  # error counters non-zero and slowly rising (symbol errors, PCIe replays, rx_errors)
+    old_xid: bool = False  # an application XID (13) on a GPU, seconds before the job, from no rank of it
+
+    @classmethod
+    def all(cls) -> Dirt:
+        return cls(True, True, True, True)
+
+    @classmethod
+    def draw(cls, rng: random.Random) -> Dirt:
+        return cls(*(rng.random() < 0.75 for _ in range(4)))
+
+    def __str__(self) -> str:
+        names = [n for n, on in (("ports", self.extra_ports), ("powercap", self.power_cap),
+                                 ("bg", self.background), ("oldxid", self.old_xid)) if on]
+        return "+".join(names) or "clean"
+
+
+@dataclass(frozen=True)
+class Case:
+    """One drawn run of a scenario."""
+    scenario: Scenario
+    culprit_rank: int
+    second_rank: int | None = None
+    dirt: Dirt = Dirt()
+    evidence_lag_s: float = -1.5  # hardware evidence relative to the symptom: < 0 before, 0 with, > 0 after
+
+
+def draw_cases(rng: random.Random, runs: int, names: list[str] | None = None, *,
+               healthy_share: float = 0.2) -> list[Case]:
+    """``runs`` randomized cases: every scenario in turn (a healthy-type one at least ``healthy_share`` of the
+    time), the culprit drawn from every rank (0 included), dirt and evidence timing drawn per run."""
+    names = list(names or SCENARIOS)
+    healthy = [n for n in names if SCENARIOS[n].kind is None]
+    faulty = [n for n in names if SCENARIOS[n].kind is not None]
+    order: list[str] = []
+    n_healthy = min(runs, max(len(healthy) and int(round(runs * healthy_share)), 0)) if faulty else runs
+    for i in range(n_healthy):
+        order.append(healthy[i % len(healthy)])
+    for i in range(runs - n_healthy):
+        order.append(faulty[i % len(faulty)])
+    rng.shuffle(order)
+    cases = []
+    for name in order:
+        s = SCENARIOS[name]
+        rank = s.fixed_rank if s.fixed_rank is not None else rng.randrange(WORLD)
+        second = rng.choice([r for r in range(WORLD) if r != rank]) if any(e.who == "k2" for e in s.also) else None
+        lag = rng.choice([-1.5, -0.5, 0.0, 0.5, 1.5, 3.0, 5.0]) if s.hardware else -1.5
+        cases.append(Case(s, rank, second, Dirt.draw(rng), lag))
+    return cases
 
 
 @dataclass
 class ScenarioResult:
     scenario: Scenario
     culprit_rank: int
-    records: list[dict[str, Any]] = field(default_factory=list)
+    second_rank: int | None = None
+    dirt: Dirt = Dirt()
+    evidence_lag_s: float = -1.5
+    records: list[dict[str, Any]] = field(default_factory=list)  # latest version per failure, withdrawn left out
+    withdrawn: list[dict[str, Any]] = field(default_factory=list)
+    first_seen: dict[str, float] = field(default_factory=dict)  # failure key -> when it first showed in the store
     fault_time: float | None = None  # when the faulty rank said the fault began
+    first_exit_time: float | None = None  # when the first rank process ended
     exit_code: int | None = None
     wall_s: float = 0.0
     job_output: str = ""
@@ -84,47 +198,62 @@ class ScenarioResult:
 
     @property
     def latency_s(self) -> float | None:
-        if not self.found or self.fault_time is None:
+        """Detection time of the first verdict minus the fault's start."""
+        if not self.records or self.fault_time is None:
             return None
-        return self.found["detected_time"] - self.fault_time
+        return min(r["detected_time"] for r in self.records) - self.fault_time
+
+    @property
+    def store_latency_s(self) -> float | None:
+        """First verdict visible in the store minus the first rank's exit (crashes), else minus the fault's start."""
+        if not self.first_seen:
+            return None
+        origin = self.first_exit_time or self.fault_time
+        return None if origin is None else min(self.first_seen.values()) - origin
+
+    def _rank_for(self, who: str) -> int | None:
+        if who == "k":
+            return self.culprit_rank
+        if who == "k2":
+            return self.second_rank
+        return int(who)
+
+    def _matches(self, record: dict[str, Any], expect: Expect, first: bool) -> bool:
+        kinds = {expect.kind, *(self.scenario.kinds if first else ())}
+        if record.get("kind") not in kinds or record.get("root_cause") != expect.root_cause:
+            return False
+        culprit = record.get("culprit") or {}
+        if culprit.get("rank") == self._rank_for(expect.who):
+            return True
+        return bool(self.scenario.culprit_is_node and culprit.get("host"))
+
+    @property
+    def unmatched(self) -> tuple[list[Expect], list[dict[str, Any]]]:
+        """(expected verdicts not found, verdicts found that nobody expected)."""
+        left = list(self.records)
+        missing = []
+        for i, expect in enumerate(self.scenario.expected):
+            hit = next((r for r in left if self._matches(r, expect, i == 0)), None)
+            if hit is None:
+                missing.append(expect)
+            else:
+                left.remove(hit)
+        left = [r for r in left if not any(self._matches(r, t, False) for t in self.scenario.tolerated)]
+        return missing, left
+
+    @property
+    def tolerated(self) -> list[dict[str, Any]]:
+        """Verdicts found that the scenario tolerates (reported, not counted as false alarms)."""
+        return [r for r in self.records if any(self._matches(r, t, False) for t in self.scenario.tolerated)]
 
     @property
     def ok(self) -> bool:
-        s = self.scenario
-        if s.kind is None:
-            return not self.records
-        f = self.found
-        if f is None or len(self.records) != 1:
-            return False
-        if (f["kind"], f["root_cause"]) != (s.kind, s.root_cause):
-            return False
-        return f["culprit"]["rank"] == self.culprit_rank or bool(s.culprit_is_node and f["culprit"]["host"])
+        missing, extra = self.unmatched
+        return not missing and not extra
 
 
-class FakeSysfs:
-    """A fake ``/sys`` with one InfiniBand port, written the way the kernel lays it out; the nic receiver reads it."""
-
-    def __init__(self, root: Path):
-        self.root = root
-        self.port = root / "class" / "infiniband" / IB_PORT[0] / "ports" / IB_PORT[1]
-        (self.port / "counters").mkdir(parents=True, exist_ok=True)
-        self.set_state(True)
-        (self.port / "rate").write_text("400 Gb/sec (4X NDR)\n")
-        for name in ("symbol_error", "link_downed", "link_error_recovery", "port_rcv_errors", "port_xmit_discards",
-                     "port_xmit_data", "port_rcv_data", "port_xmit_packets", "port_rcv_packets"):
-            self.write_counter(name, 0)
-
-    def write_counter(self, name: str, value: int) -> None:
-        tmp = self.port / "counters" / f".{name}.tmp"
-        tmp.write_text(f"{value}\n")
-        tmp.replace(self.port / "counters" / name)
-
-    def read_counter(self, name: str) -> int:
-        return int((self.port / "counters" / name).read_text())
-
-    def set_state(self, up: bool) -> None:
-        (self.port / "state").write_text("4: ACTIVE\n" if up else "1: DOWN\n")
-        (self.port / "phys_state").write_text("5: LinkUp\n" if up else "3: Disabled\n")
+def _failure_key(record: dict[str, Any]) -> str:
+    return str(record.get("failure_id") or record.get("signature") or json.dumps(record, sort_keys=True))
 
 
 def _free_port() -> int:
@@ -134,17 +263,20 @@ def _free_port() -> int:
 
 
 def collector_config(workdir: Path, *, grpc_port: int, prometheus_port: int | None = None,
-                     hang_timeout_s: float = 8.0, fake_hardware: bool = True) -> str:
-    """The collector config of the suite and the demo: OTLP in, fake NVML and sysfs, attribution, goodput, store."""
+                     hang_timeout_s: float = 8.0, fake_hardware: bool = True,
+                     nvml: dict[str, Any] | None = None, attribution: dict[str, Any] | None = None) -> str:
+    """The collector config of the suite and the demo: OTLP in, fake NVML and sysfs, attribution, goodput, store.
+
+    ``nvml``: the fake NVML's scenario (default: ``WORLD`` clean GPUs); ``attribution``: settings over the suite's."""
     nvml_scenario = workdir / "nvml.yaml"
-    nvml_scenario.write_text(json.dumps({"gpu_count": WORLD}))
+    nvml_scenario.write_text(json.dumps(nvml or {"gpu_count": WORLD}))
     receivers = {"otlp": {"grpc": {"endpoint": f"127.0.0.1:{grpc_port}"}, "http": None}}
     metrics_receivers = ["otlp"]
     logs_receivers = ["otlp"]
     if fake_hardware:
-        receivers["nvml"] = {"backend": "fake", "scenario": str(nvml_scenario), "interval_s": 0.5,
+        receivers["nvml"] = {"backend": "fake", "scenario": str(nvml_scenario), "interval": "500ms",
                              "pcie_throughput": False}
-        receivers["nic"] = {"sysfs_root": str(workdir / "sys"), "interval_s": 0.5}
+        receivers["nic"] = {"sysfs_root": str(workdir / "sys"), "interval": "500ms"}
         metrics_receivers += ["nvml", "nic"]
         logs_receivers += ["nvml"]
     exporters: dict[str, Any] = {"store": {"path": str(workdir / "store")}}
@@ -154,9 +286,9 @@ def collector_config(workdir: Path, *, grpc_port: int, prometheus_port: int | No
         metric_exporters.append("prometheus")
     config = {
         "receivers": receivers,
-        "processors": {"attribution": {"hang_timeout_s": hang_timeout_s, "checkpoint_stall_s": 3.0,
-                                       "heartbeat_timeout_s": 6.0},
-                       "goodput": {"report_interval_s": 2.0}},
+        "processors": {"attribution": {"hang_timeout": f"{hang_timeout_s}s", "checkpoint_stall": "3s",
+                                       "heartbeat_timeout": "6s", **(attribution or {})},
+                       "goodput": {"report_interval": "2s"}},
         "exporters": exporters,
         "service": {"telemetry": {"logs": {"level": "warning"}}, "pipelines": {
             "traces": {"receivers": ["otlp"], "processors": ["attribution", "goodput"], "exporters": ["store"]},
@@ -168,83 +300,224 @@ def collector_config(workdir: Path, *, grpc_port: int, prometheus_port: int | No
     return json.dumps(config, indent=2)
 
 
-def _inject_hardware(kind: str, collector: Collector, sysfs: FakeSysfs, gpu: int) -> None:
+# Counters a GPU keeps across a node-agent restart (the driver keeps them; only the agent restarted).
+_NVML_KEPT = ("pcie_replay", "ecc_corrected_volatile", "ecc_corrected_aggregate", "ecc_uncorrected_volatile",
+              "ecc_uncorrected_aggregate", "clocks_event_reasons", "sm_clock_mhz", "temperature_c")
+
+
+def _nvml_scenario(dirt: Dirt) -> dict[str, Any]:
+    scenario: dict[str, Any] = {"gpu_count": WORLD}
+    defaults: dict[str, Any] = {}
+    if dirt.power_cap:
+        defaults["clocks_event_reasons"] = ["sw_power_cap"]
+    if dirt.background:
+        defaults.update(pcie_replay=37, ecc_corrected_aggregate=112, ecc_corrected_volatile=3)
+    if defaults:
+        scenario["defaults"] = defaults
+    return scenario
+
+
+def _sysfs(root: Path, dirt: Dirt) -> FakeSysfs:
+    counters = {"symbol_error": 1843, "port_rcv_errors": 27, "link_downed": 2, "link_error_recovery": 5} \
+        if dirt.background else {}
+    spec: dict[str, Any] = {"infiniband": {IB_PORT[0]: {"ports": {IB_PORT[1]: {
+        "counters": counters, "rates": {"port_xmit_data": 2.0e8, "port_rcv_data": 2.0e8}}}}}}
+    if dirt.extra_ports:
+        spec["infiniband"]["mlx5_1"] = {"ports": {1: {"state": "1: DOWN", "phys_state": "3: Disabled"}}}
+        spec["net"] = {"eth0": {"statistics": {"rx_errors": 12} if dirt.background else {}},
+                       "ifb0": {"operstate": "down", "carrier": 0, "carrier_changes": 0},
+                       "docker0": {"operstate": "down", "carrier": 0, "carrier_changes": 0}}
+    return FakeSysfs(root, spec)
+
+
+class _Background(threading.Thread):
+    """Background error counts a healthy node shows: one symbol error, PCIe replay or rx_error every few seconds."""
+
+    def __init__(self, sysfs: FakeSysfs, nvml: Callable[[], Any], rng: random.Random, extra_ports: bool):
+        super().__init__(name="scenario-background", daemon=True)
+        self.sysfs, self.nvml, self.rng, self.extra_ports = sysfs, nvml, rng, extra_ports
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(self.rng.uniform(2.0, 4.0)):
+            try:
+                what = self.rng.randrange(3)
+                if what == 0:
+                    self.sysfs.add_ib(IB_PORT[0], IB_PORT[1], "symbol_error", 1)
+                elif what == 1 and self.nvml() is not None:
+                    self.nvml().inject({"gpu": self.rng.randrange(WORLD), "add": {"pcie_replay": 1}})
+                elif self.extra_ports:
+                    self.sysfs.add_net_stat("eth0", "rx_errors", 1)
+            except Exception:  # noqa: BLE001 - a collector restarting under us
+                pass
+
+
+def _inject_hardware(kind: str, nvml: Any, sysfs: FakeSysfs, gpu: int) -> None:
     if kind in ("xid79", "ecc_dbe", "thermal"):
-        fake = collector.component("receiver", "nvml").backend
         if kind == "xid79":
-            fake.inject({"gpu": gpu, "xid": 79})
+            nvml.inject({"gpu": gpu, "xid": 79})
         elif kind == "ecc_dbe":
-            fake.inject({"gpu": gpu, "xid": 48})
-            fake.inject({"gpu": gpu, "add": {"ecc_uncorrected_volatile": 1, "ecc_uncorrected_aggregate": 1}})
+            nvml.inject({"gpu": gpu, "xid": 48})
+            nvml.inject({"gpu": gpu, "add": {"ecc_uncorrected_volatile": 1, "ecc_uncorrected_aggregate": 1}})
         else:
-            fake.inject({"gpu": gpu, "set": {"clocks_event_reasons": ["hw_thermal_slowdown"], "sm_clock_mhz": 900,
+            nvml.inject({"gpu": gpu, "set": {"clocks_event_reasons": ["hw_thermal_slowdown"], "sm_clock_mhz": 900,
                                              "temperature_c": 92}})
     elif kind == "nic_down":
-        sysfs.write_counter("link_downed", sysfs.read_counter("link_downed") + 1)
-        sysfs.set_state(False)
+        sysfs.set_ib_link(IB_PORT[0], IB_PORT[1], False)
     elif kind == "nic_symbol_errors":
-        sysfs.write_counter("symbol_error", sysfs.read_counter("symbol_error") + 250)
+        sysfs.add_ib(IB_PORT[0], IB_PORT[1], "symbol_error", 250)
+
+
+def _read_store(folder: Path, job_id: str) -> list[dict[str, Any]]:
+    try:
+        conn = db.open_reader(folder)
+    except (db.StoreMissing, sqlite3.Error):
+        return []
+    try:
+        return db.failures(conn, job_id)
+    except sqlite3.Error:
+        return []
+    finally:
+        conn.close()
+
+
+def _ended(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X")
+    except (OSError, IndexError):
+        return True
 
 
 def run_scenario(scenario: Scenario, culprit_rank: int = 1, *, workdir: Path | None = None,
                  progress: Callable[[str], None] | None = None, hang_timeout_s: float = 8.0,
-                 prometheus_port: int | None = None) -> ScenarioResult:
-    """Runs one scenario end to end; returns what the collector attributed."""
+                 prometheus_port: int | None = None, dirt: Dirt = Dirt(), evidence_lag_s: float = -1.5,
+                 second_rank: int | None = None, seed: int | None = None,
+                 attribution: dict[str, Any] | None = None) -> ScenarioResult:
+    """Runs one scenario end to end; returns what the collector attributed (read back from its store)."""
     say = progress or (lambda _msg: None)
+    rng = random.Random(seed)
+    if scenario.fixed_rank is not None:
+        culprit_rank = scenario.fixed_rank
+    if second_rank is None and any(e.who == "k2" for e in scenario.also):
+        second_rank = (culprit_rank + 1 + rng.randrange(WORLD - 1)) % WORLD
     own_dir = workdir is None
     workdir = Path(workdir or tempfile.mkdtemp(prefix=f"otel-gpu-{scenario.name}-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    sysfs = FakeSysfs(workdir / "sys")
+    sysfs = _sysfs(workdir / "sys", dirt).start(0.2)
     grpc_port = _free_port()
-    config = load_text(collector_config(workdir, grpc_port=grpc_port, prometheus_port=prometheus_port,
-                                        hang_timeout_s=hang_timeout_s), f"<scenario {scenario.name}>")
-    collector = Collector(config)
-    collector.start()
-    attribution = collector.component("processor", "attribution")
-    result = ScenarioResult(scenario, culprit_rank)
-    job_id = f"{scenario.name}-{os.getpid()}-{int(time.time())}"
+    nvml_spec = _nvml_scenario(dirt)
+
+    def new_collector(spec: dict[str, Any]) -> Collector:
+        config = load_text(collector_config(workdir, grpc_port=grpc_port, prometheus_port=prometheus_port,
+                                            hang_timeout_s=hang_timeout_s, nvml=spec, attribution=attribution),
+                           f"<scenario {scenario.name}>")
+        c = Collector(config)
+        c.start()
+        return c
+
+    collector: Collector | None = new_collector(nvml_spec)
+    holder = {"collector": collector}
+
+    def fake_nvml() -> Any:
+        c = holder["collector"]
+        return None if c is None else c.component("receiver", "nvml").backend
+
+    if dirt.old_xid:  # an application XID from an earlier job, on a GPU this job will use, before it starts
+        fake_nvml().inject({"gpu": rng.randrange(WORLD), "xid": 13})
+    background = _Background(sysfs, fake_nvml, rng, dirt.extra_ports)
+    if dirt.background:
+        background.start()
+    result = ScenarioResult(scenario, culprit_rank, second_rank, dirt, evidence_lag_s)
+    job_id = f"{scenario.name}-{os.getpid()}-{int(time.time() * 1000) % 10**9}"
     env = dict(os.environ, OTEL_GPU_FAULT=scenario.fault, OTEL_GPU_FAULT_RANK=str(culprit_rank),
+               OTEL_GPU_FAULT_RANK2=str(second_rank if second_rank is not None else -1),
                OTEL_GPU_STEPS=str(scenario.steps), OTEL_GPU_SCENARIO_DIR=str(workdir), OTEL_GPU_JOB_ID=job_id,
                OTEL_GPU_FAULT_WAIT_ACK="1" if scenario.wait_ack else "0", OTEL_GPU_HEARTBEAT_S="1",
                OTEL_GPU_STACK_AFTER_S=str(max(2.0, hang_timeout_s / 2)),
                PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    env.update(dict(scenario.env))
     cmd = [sys.executable, "-m", "otel_gpu", "run", "--endpoint", f"http://127.0.0.1:{grpc_port}", "--",
            sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={WORLD}",
            "--max-restarts=0", "--monitor-interval=0.2", "-m", "otel_gpu.testing.scenarios.train"]
     start = time.time()
-    say(f"[{scenario.name}] starting a {WORLD}-rank gloo job; fault: {scenario.description} (k={culprit_rank})")
+    who = f"k={culprit_rank}" + (f", k2={second_rank}" if second_rank is not None else "")
+    say(f"[{scenario.name}] starting a {WORLD}-rank gloo job; fault: {scenario.description} ({who}); "
+        f"hardware {dirt}" + (f"; evidence {evidence_lag_s:+.1f} s from the symptom" if scenario.hardware else ""))
     log_path = workdir / "job.log"
     with open(log_path, "wb") as log:
         job = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    trigger, acked = workdir / "trigger", False
+    trigger = workdir / "trigger"
+    injected = acked = restarted = False
     deadline = start + scenario.timeout_s
-    settle_after_exit = 4.0 if scenario.kind is not None else 3.0
-    exited_at = None
+    settle_after_exit = 4.0 if scenario.expected else 3.0
+    # Late evidence may revise a verdict: keep watching until it had its chance, plus a moment for a wrong extra.
+    grace = max(1.5, evidence_lag_s + 2.5 if scenario.hardware else 1.5)
+    exited_at = complete_at = None
+    pids: dict[int, int] = {}
+    seen: dict[str, float] = {}
+    store = workdir / "store"
     try:
         while time.time() < deadline:
+            now = time.time()
             if result.fault_time is None and trigger.exists():
                 try:
-                    result.fault_time = float(trigger.read_text().strip() or time.time())
+                    result.fault_time = float(trigger.read_text().strip() or now)
                 except ValueError:
-                    result.fault_time = time.time()
+                    result.fault_time = now
                 say(f"[{scenario.name}] fault begins on rank {culprit_rank}")
-            if scenario.hardware and result.fault_time is not None and not acked:
-                _inject_hardware(scenario.hardware, collector, sysfs, gpu=culprit_rank)
-                time.sleep(1.5)  # at least two receiver polls: the hardware signal is in before the symptom
-                (workdir / "ack").write_text("ok")
-                acked = True
-            if attribution.records:
+            if result.fault_time is not None and scenario.hardware and not injected:
+                if evidence_lag_s < 0:  # the hardware signal is in before the symptom
+                    _inject_hardware(scenario.hardware, fake_nvml(), sysfs, gpu=culprit_rank)
+                    injected = True
+                    time.sleep(-evidence_lag_s)
+                if not acked:  # the faulty rank shows its symptom now
+                    (workdir / "ack").write_text("ok")
+                    acked = True
+                if not injected and time.time() - result.fault_time >= evidence_lag_s:
+                    _inject_hardware(scenario.hardware, fake_nvml(), sysfs, gpu=culprit_rank)
+                    injected = True
+            if result.fault_time is not None and scenario.agent_restart_s and not restarted:
+                restarted = True
+                say(f"[{scenario.name}] node agent (collector) restarts for {scenario.agent_restart_s:.0f} s")
+                kept = {i: {k: g[k] for k in _NVML_KEPT if k in g} for i, g in enumerate(fake_nvml().gpus)}
+                holder["collector"] = None
+                collector.shutdown(timeout_s=10)
+                time.sleep(scenario.agent_restart_s)
+                collector = new_collector({**nvml_spec, "gpus": kept})
+                holder["collector"] = collector
+            if len(pids) < WORLD:
+                for rank in range(WORLD):
+                    pid_file = workdir / f"pid-{rank}"
+                    if rank not in pids and pid_file.exists():
+                        try:
+                            pids[rank] = int(pid_file.read_text().strip())
+                        except ValueError:
+                            pass
+            if result.first_exit_time is None and pids and any(_ended(p) for p in pids.values()):
+                result.first_exit_time = time.time()
+            stored = _read_store(store, job_id)
+            for record in stored:
+                seen.setdefault(_failure_key(record), time.time())
+            live = [r for r in stored if not db.is_withdrawn(r)]
+            if scenario.expected and len(live) >= len(scenario.expected):
+                complete_at = complete_at or time.time()
+            else:
+                complete_at = None  # a verdict withdrawn meanwhile: keep watching for the real one
+            if complete_at is not None and time.time() - complete_at > grace:
                 break
             if exited_at is None and job.poll() is not None:
                 exited_at = time.time()
-            if exited_at is not None and time.time() - exited_at > settle_after_exit:
+            if exited_at is not None and time.time() - exited_at > max(settle_after_exit, grace):
                 break
-            time.sleep(0.1)
-        if attribution.records:
-            time.sleep(1.0)  # a second record (which would be wrong) has a moment to show
+            time.sleep(0.05)
         # What was attributed while the job ran; stopping the job below is the runner's doing, not a fault.
-        result.records = [r.to_dict() for r in attribution.records]
+        final = _read_store(store, job_id)
+        result.records = [r for r in final if not db.is_withdrawn(r)]
+        result.withdrawn = [r for r in final if db.is_withdrawn(r)]
+        result.first_seen = {k: t for k, t in seen.items() if k in {_failure_key(r) for r in result.records}}
     finally:
+        background.stop.set()
         if job.poll() is None:
             try:
                 os.killpg(job.pid, signal.SIGTERM)
@@ -256,9 +529,17 @@ def run_scenario(scenario: Scenario, culprit_rank: int = 1, *, workdir: Path | N
                     pass
                 job.wait(5)
         result.exit_code = job.returncode
-        collector.shutdown(timeout_s=10)
+        if collector is not None:
+            collector.shutdown(timeout_s=10)
+        sysfs.stop()
     result.wall_s = time.time() - start
     result.job_output = log_path.read_text(errors="replace")[-6000:]
     if own_dir and result.ok:
         shutil.rmtree(workdir, ignore_errors=True)
     return result
+
+
+def run_case(case: Case, **kwargs: Any) -> ScenarioResult:
+    """Runs one drawn :class:`Case`."""
+    return run_scenario(case.scenario, case.culprit_rank, dirt=case.dirt, evidence_lag_s=case.evidence_lag_s,
+                        second_rank=case.second_rank, **kwargs)

@@ -6,8 +6,14 @@ scenario:
 
 - ``OTEL_GPU_FAULT``: none, exception, sigkill, os_exit, cuda_oom, sleep_before_collective, deadlock,
   collective_mismatch, straggler, dataloader_stall, slow_checkpoint, cuda_error (the symptom of an XID/ECC fault),
-  comm_hang (the symptom of a dead link), comm_slow (the symptom of a degrading link)
-- ``OTEL_GPU_FAULT_RANK`` (default 1) and ``OTEL_GPU_FAULT_STEP`` (default 25; a checkpoint is saved every 10 steps)
+  comm_hang (the symptom of a dead link), comm_slow (the symptom of a degrading link); and the adversarial ones:
+  straggler_then_exception (rank k straggles, later rank k2 raises), subgroup_sleep (subgroups [0,1] and [2,3], rank
+  k sleeps before its subgroup all_reduce), uneven_inputs (rank k runs out of data and exits 0), long_checkpoint
+  (rank k's first checkpoint takes ``OTEL_GPU_CKPT_STALL_S``, default 40 s), agent_restart (nothing goes wrong in
+  the job; the runner restarts the collector when rank k says so), thread_exception (a background thread of rank k
+  raises; training goes on)
+- ``OTEL_GPU_FAULT_RANK`` (default 1), ``OTEL_GPU_FAULT_RANK2`` (the second rank, -1: none) and
+  ``OTEL_GPU_FAULT_STEP`` (default 25; a checkpoint is saved every 10 steps)
 - ``OTEL_GPU_STEPS`` (default 60), ``OTEL_GPU_STEP_SLEEP_S`` (default 0.05: steady, cheap "compute"),
   ``OTEL_GPU_HIDDEN`` (default 256: the model's width, so the gradient bytes each step sends)
 - ``OTEL_GPU_SCENARIO_DIR``: when set, the faulty rank writes ``trigger`` there when the fault begins and, if
@@ -31,7 +37,9 @@ from torch.utils.data import DataLoader, Dataset
 
 FAULT = os.environ.get("OTEL_GPU_FAULT", "none")
 FAULT_RANK = int(os.environ.get("OTEL_GPU_FAULT_RANK", "1"))
+FAULT_RANK2 = int(os.environ.get("OTEL_GPU_FAULT_RANK2", "-1"))
 FAULT_STEP = int(os.environ.get("OTEL_GPU_FAULT_STEP", "25"))
+CKPT_STALL_S = float(os.environ.get("OTEL_GPU_CKPT_STALL_S", "40"))
 STEPS = int(os.environ.get("OTEL_GPU_STEPS", "60"))
 STEP_SLEEP_S = float(os.environ.get("OTEL_GPU_STEP_SLEEP_S", "0.05"))
 HIDDEN = int(os.environ.get("OTEL_GPU_HIDDEN", "256"))  # model width: gradient bytes per step (network load)
@@ -93,10 +101,16 @@ class SlowFile:
         self._f.close()
 
 
+def _background_failure() -> None:
+    raise RuntimeError("metrics upload failed: connection refused (a helper thread; training does not need it)")
+
+
 def inject(rank: int, step: int, model, world: int) -> None:
+    if FAULT == "straggler_then_exception" and rank == FAULT_RANK2 and step == FAULT_STEP + 25:
+        raise ValueError(f"bad value in batch at step {step}")
     if rank != FAULT_RANK or step < FAULT_STEP:
         return
-    if FAULT == "straggler" or FAULT == "comm_slow":
+    if FAULT in ("straggler", "comm_slow", "straggler_then_exception"):
         begin_fault()
         time.sleep(0.2)
         return
@@ -122,6 +136,11 @@ def inject(rank: int, step: int, model, world: int) -> None:
     if FAULT in ("sleep_before_collective", "comm_hang"):
         begin_fault()
         time.sleep(3600)
+    if FAULT == "agent_restart":
+        begin_fault(wait=False)
+    if FAULT == "thread_exception":
+        begin_fault(wait=False)
+        threading.Thread(target=_background_failure, name="uploader", daemon=True).start()
     if FAULT == "deadlock":
         begin_fault()
         lock = threading.Lock()
@@ -132,6 +151,10 @@ def inject(rank: int, step: int, model, world: int) -> None:
 def main() -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
+    if SCENARIO_DIR:
+        Path(SCENARIO_DIR, f"pid-{rank}").write_text(f"{os.getpid()}\n")
+    # Subgroups [0,1], [2,3]: every rank must create every group, in the same order.
+    pairs = [dist.new_group([r, r + 1]) for r in range(0, world - 1, 2)] if FAULT == "subgroup_sleep" else []
     torch.manual_seed(0)
     model = DDP(torch.nn.Sequential(torch.nn.Linear(64, HIDDEN), torch.nn.ReLU(), torch.nn.Linear(HIDDEN, 8)))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -140,12 +163,20 @@ def main() -> None:
     for step, (x, y) in enumerate(loader):
         if step >= STEPS:
             break
+        if FAULT == "uneven_inputs" and rank == FAULT_RANK and step == FAULT_STEP:
+            begin_fault(wait=False)
+            return  # this rank's shard is shorter: it leaves the loop and the program ends with exit code 0
         inject(rank, step, model, world)
         time.sleep(STEP_SLEEP_S)
         loss = torch.nn.functional.mse_loss(model(x), y)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+        if pairs:
+            if rank == FAULT_RANK and step == FAULT_STEP:
+                begin_fault(wait=False)
+                time.sleep(3600)  # never reaches its subgroup's all_reduce
+            dist.all_reduce(torch.ones(64), group=pairs[rank // 2])
         if FAULT == "collective_mismatch" and step == FAULT_STEP:
             begin_fault(wait=False)
             t = torch.ones(1024 if rank != FAULT_RANK else 2048)
@@ -155,6 +186,8 @@ def main() -> None:
                 dist.all_reduce(t)
         if step % 10 == 9:
             stall = 4.0 if FAULT == "slow_checkpoint" and rank == FAULT_RANK and step >= FAULT_STEP else 0.0
+            if FAULT == "long_checkpoint" and rank == FAULT_RANK and step == 9:
+                stall = CKPT_STALL_S
             if stall:
                 begin_fault(wait=False)
             if rank == 0 or stall:

@@ -1,0 +1,1 @@
+"""Extensions: components outside the pipelines (``extensions:`` and ``service.extensions`` in the config)."""

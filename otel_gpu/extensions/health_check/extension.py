@@ -1,0 +1,65 @@
+"""The ``health_check`` HTTP endpoint."""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import logging
+import time
+
+from otel_gpu.collector._serve import HttpEndpoint, Response
+from otel_gpu.component import Extension
+from otel_gpu.config import format_duration
+from otel_gpu.extensions.health_check.config import HealthCheckConfig
+
+__all__ = ["HealthCheckExtension"]
+
+_logger = logging.getLogger(__name__)
+
+
+class HealthCheckExtension(Extension):
+    """Healthy while ``host.services["ready"]()`` says the pipelines run (always, outside a collector)."""
+
+    config: HealthCheckConfig
+
+    def __init__(self, config: HealthCheckConfig, host):
+        super().__init__(config, host)
+        self._endpoint: HttpEndpoint | None = None
+        self._up_since = _dt.datetime.now(_dt.timezone.utc)
+        self._t0 = time.monotonic()
+
+    @property
+    def port(self) -> int:
+        return self._endpoint.port if self._endpoint is not None else 0
+
+    def _healthy(self) -> bool:
+        ready = self.host.services.get("ready")
+        return True if ready is None else bool(ready())
+
+    def _handle(self, method: str, path: str) -> Response:
+        if path != self.config.path:
+            return 404, "text/plain; charset=utf-8", f"not found: the health check is at {self.config.path}\n".encode()
+        healthy = self._healthy()
+        status = 200 if healthy else 503
+        custom = self.config.response_body
+        if custom is not None and (custom.healthy if healthy else custom.unhealthy):
+            return status, "text/plain; charset=utf-8", (custom.healthy if healthy else custom.unhealthy).encode()
+        body = {"status": "Server available" if healthy else "Server not available",
+                "upSince": self._up_since.isoformat().replace("+00:00", "Z"),
+                "uptime": format_duration(round(time.monotonic() - self._t0, 3))}
+        return status, "application/json", json.dumps(body).encode()
+
+    def start(self) -> None:
+        host, _, port = self.config.endpoint.rpartition(":")
+        host = host.strip("[]")
+        try:
+            self._endpoint = HttpEndpoint(host, int(port), self._handle, f"otel-gpu-{self.host.component_id}")
+        except OSError as exc:
+            raise OSError(f"cannot listen on {self.config.endpoint}: {exc.strerror or exc}; set extensions."
+                          f"{self.host.component_id}.endpoint to a free port") from None
+        self._endpoint.start()
+        _logger.info("%s: health check on http://%s:%d%s", self.host.component_id, host, self.port, self.config.path)
+
+    def shutdown(self, timeout_s: float = 5.0) -> None:
+        endpoint, self._endpoint = self._endpoint, None
+        if endpoint is not None:
+            endpoint.stop(timeout_s)
