@@ -146,10 +146,11 @@ def test_hosts_are_separate_machines_on_real_links(bed):
 @pytest.fixture(scope="module")
 def restart_then_exception(bed):
     """One job that needs no job id from anyone (the ranks agree at their rendezvous): host node1's sidecar is killed
-    and restarted mid-job, then the last rank raises a user exception at step 220."""
+    and restarted mid-job, then the last rank raises a user exception at step 120."""
     _clear_triggers(bed)
-    job = bed.launch(2, steps=260, rdzv_id=None,
-                     env={"OTEL_GPU_FAULT": "exception", "OTEL_GPU_FAULT_RANK": "3", "OTEL_GPU_FAULT_STEP": "220"})
+    # Steps of ~0.2 s: CPU contention on a busy 2-core machine (stalls of 0.1 s) is then no slowdown.
+    job = bed.launch(2, steps=140, rdzv_id=None, step_sleep_s=0.2,
+                     env={"OTEL_GPU_FAULT": "exception", "OTEL_GPU_FAULT_RANK": "3", "OTEL_GPU_FAULT_STEP": "120"})
     from otel_gpu.testing.multinode import wait_training
 
     assert wait_training(bed, 2.0, 150, ranks=4), bed.report_text()
@@ -196,7 +197,7 @@ def test_node_agent_restart_is_no_failure_and_loses_no_step(bed, restart_then_ex
     steps = bed.steps_seen(run["job_id"])
     assert sorted(steps) == [0, 1, 2, 3]
     for rank, seen in steps.items():
-        assert seen >= set(range(1, 219)), (rank, sorted(set(range(1, 219)) - seen)[:20])
+        assert seen >= set(range(1, 119)), (rank, sorted(set(range(1, 119)) - seen)[:20])
 
 
 @needs_bed
@@ -271,18 +272,20 @@ def test_link_cut_on_host1_is_nic_link_down_on_host1(bed, degrade_then_cut):
 @needs_bed
 def test_node1_lost_is_node_lost_on_node1(bed):
     node1 = bed.hosts[1]
-    job = bed.launch(2, steps=2000, rdzv_id="mh-nodelost")
+    job = bed.launch(2, steps=2000, rdzv_id="mh-nodelost", step_sleep_s=0.2)
     from otel_gpu.testing.multinode import wait_training
 
     try:
         assert wait_training(bed, 2.0, 150, ranks=4, job_id="mh-nodelost")
         t_lost = bed.lose_node(node1)  # ranks, torchrun agent, otel-gpu run and the sidecar, at once
-        failures, seen = _failures_of(bed, "mh-nodelost", timeout_s=40)
+        failures, seen = _failures_of(bed, "mh-nodelost", lambda fs: any(f["kind"] != "slowdown" for f in fs),
+                                      timeout_s=40)
     finally:
         job.stop()
     assert not node1.pids()
-    assert failures, bed.report_text()
-    (failure,) = failures
+    terminal = [f for f in failures if f["kind"] != "slowdown"]  # a busy machine may slow the job first
+    assert terminal, bed.report_text()
+    (failure,) = terminal
     assert (failure["kind"], failure["root_cause"], failure["action"]) == \
         ("crash", "node_lost", "exclude_node_and_restart"), failure
     assert failure["culprit"]["host"] == "node1" and sorted(failure["details"]["ranks"]) == [2, 3]

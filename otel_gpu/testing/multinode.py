@@ -42,7 +42,7 @@ READY_LINE = "otel-gpu collector ready"
 FAULTS = ("none", "link_cut", "node_lost", "degraded_link", "agent_restart", "exception")
 
 #: Attribution settings of the bed's aggregator: short timeouts, since the bed's steps take ~0.1 s.
-AGG_ATTRIBUTION = {"hang_timeout_s": 6.0, "heartbeat_timeout_s": 5.0, "tick_interval_s": 0.25}
+AGG_ATTRIBUTION = {"hang_timeout": "6s", "heartbeat_timeout": "5s", "tick_interval": "250ms"}
 
 
 def _load_example(name: str) -> dict:
@@ -54,16 +54,16 @@ def _load_example(name: str) -> dict:
 
 
 def sidecar_config(host: Host, aggregator: str, nvml_scenario: Path, xid_log: Path,
-                   nic_interval_s: float = 0.5) -> dict:
+                   nic_interval: str = "500ms") -> dict:
     """docs/examples/sidecar.yaml for ``host``: the job's processes send to its loopback; no backend in the bed."""
     cfg = _load_example("sidecar.yaml")
     cfg["receivers"]["otlp"] = {"grpc": {"endpoint": f"127.0.0.1:{OTLP_PORT}"}, "http": None}
-    cfg["receivers"]["nvml"] = {"backend": "fake", "scenario": str(nvml_scenario), "interval_s": 1.0}
+    cfg["receivers"]["nvml"] = {"backend": "fake", "scenario": str(nvml_scenario), "interval": "1s"}
     cfg["receivers"]["nic"] = {"interfaces": [MGMT_IF, DATA_IF], "exclude_interfaces": [], "infiniband": False,
-                               "interval_s": nic_interval_s}
+                               "interval": nic_interval}
     cfg["receivers"]["xid"] = {"backend": "none", "path": str(xid_log)}
     cfg["exporters"]["otlp/aggregator"].update(endpoint=f"{aggregator}:{OTLP_PORT}",
-                                               retry_on_failure={"initial_interval_s": 0.2, "max_interval_s": 1.0})
+                                               retry_on_failure={"initial_interval": "200ms", "max_interval": "1s"})
     # No tracing backend in the bed: the backend pipelines and exporter go (the aggregator path is what is tested).
     del cfg["exporters"]["otlp/backend"]
     for name in [n for n, p in cfg["service"]["pipelines"].items() if "otlp/backend" in p["exporters"]]:
@@ -76,7 +76,7 @@ def aggregator_config(listen: str, store: Path, attribution: dict | None = None)
     cfg = _load_example("aggregator.yaml")
     cfg["receivers"]["otlp"] = {"grpc": {"endpoint": f"{listen}:{OTLP_PORT}"}, "http": None}
     cfg["processors"]["attribution"] = dict(AGG_ATTRIBUTION, **(attribution or {}))
-    cfg["processors"]["goodput"] = {"report_interval_s": 2.0}
+    cfg["processors"]["goodput"] = {"report_interval": "2s"}
     cfg["exporters"]["store"] = {"path": str(store)}
     cfg["exporters"]["prometheus"] = {"endpoint": "127.0.0.1:9464"}  # the agg host's own loopback
     # The job's backend is the bed's witness on the agg host's loopback: it records every step span that reached
