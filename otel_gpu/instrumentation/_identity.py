@@ -25,6 +25,7 @@ import logging
 import os
 import socket
 import sys
+import uuid
 
 from otel_gpu.schema import identity as ids
 
