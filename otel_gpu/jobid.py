@@ -151,7 +151,8 @@ class LaunchJobId:
     def announce(self) -> None:
         if self.provisional:
             print("otel-gpu run: no job id from OTEL_GPU_JOB_ID, torchrun --rdzv-id, Slurm or Kubernetes: the ranks "
-                  f"agree on one at their rendezvous (until then: {self.value})", file=self._out, flush=True)
+                  f"agree on one at their rendezvous (until then, or without a process group: {self.value})",
+                  file=self._out, flush=True)
         else:
             print(f"otel-gpu run: job id {self.value} (from {self.source})", file=self._out, flush=True)
 

@@ -182,8 +182,9 @@ def test_one_job_id_on_every_node_agreed_at_the_rendezvous(bed, restart_then_exc
     members = bed.members(run["job_id"])
     assert members == {"hosts": {"node0", "node1"}, "ranks": {0, 1, 2, 3}}
     # No stray job: no other id of this run's launchers reached the aggregator.
-    provisional = [line.split("(until then: ")[1].rstrip(")") for h in ("node0", "node1")
-                   for line in run["job"].output(h).splitlines() if "(until then: " in line]
+    provisional = [line.rsplit(": ", 1)[1].rstrip(")") for h in ("node0", "node1")
+                   for line in run["job"].output(h).splitlines() if "(until then, " in line]
+    assert len(provisional) == 2
     assert not [j for j in jobs if j["job_id"] in provisional and j["job_id"] != run["job_id"]]
 
 
