@@ -93,6 +93,7 @@ def bed():
     from otel_gpu.testing.multinode import Bed
 
     b = Bed(2)
+    b.root_links_before = _root_links()
     try:
         b.start()
     except cl.ClusterUnavailable as exc:
@@ -321,6 +322,12 @@ def test_zz_tearing_down_the_bed_leaves_nothing(bed):
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert not [n for n in netns if n in listed]
     assert not [p for p in pids if Path(f"/proc/{p}").exists() and "zombie" not in _state(p)]
+    assert _root_links() <= bed.root_links_before  # no veth (or other link) left in the machine's own namespace
+
+
+def _root_links() -> set[str]:
+    out = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    return {line.split(":")[1].strip().split("@")[0] for line in out.splitlines() if ":" in line}
 
 
 def _state(pid: int) -> str:
