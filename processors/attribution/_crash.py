@@ -143,9 +143,11 @@ def _no_primary(engine: Engine, job: JobState, failed: list[RankState], conseque
     return finding
 
 
-def quiet_hosts(job: JobState, now: float, quiet_s: float = 1.0) -> list[str]:
+def quiet_hosts(job: JobState, now: float, quiet_s: float = 0.0) -> list[str]:
     """Hosts none of whose ranks failed, exited or said anything in the last ``quiet_s``: a node that may be gone
-    (its ranks' silence is only certain after the heartbeat timeout; see ``_node_lost``)."""
+    (its ranks' silence is only certain after the heartbeat timeout; see ``_node_lost``). With 0, every host whose
+    ranks neither failed nor exited: a lost node's last records can arrive a second or two after its peers failed
+    (the sidecar batches), so recency tells nothing that early."""
     by_host: dict[str, list[RankState]] = {}
     for r in job.ranks.values():
         if r.who.host is not None:
