@@ -410,7 +410,8 @@ class DeviceEvidence:
         that were up when the job started (a port never seen up is not the job's)."""
         ports = list(self.ports.get(host, {}).values())
         if ifaces:
-            named = [p for p in ports if p.port in ifaces or p.device in ifaces]
+            # NCCL matches interface names by prefix ("eth" is eth0, eth1...; "=eth0" exactly, stripped here).
+            named = [p for p in ports if p.port in ifaces or any(p.device.startswith(n) for n in ifaces)]
             if named:
                 return named
         out = []
