@@ -335,6 +335,8 @@ class Cluster:
             _delete_namespace(netns)
         for netns in leftovers(self.prefix):  # anything half-made by a failed _build
             _delete_namespace(netns.rsplit("/", 1)[-1])
+        if self._own_root and not os.environ.get("OTEL_GPU_BED_KEEP"):
+            shutil.rmtree(self.root, ignore_errors=True)  # logs and stores; OTEL_GPU_BED_KEEP=1 keeps them
         self._restore_signal_handlers()
         try:
             atexit.unregister(self.close)
