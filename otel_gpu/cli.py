@@ -212,6 +212,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--list", action="store_true", help="list the scenarios and exit")
     p.add_argument("--workdir", metavar="DIR", help="where the store and logs go (default: a new temp folder)")
     p.add_argument("--hang-timeout-s", type=float, default=8.0, help="hang timeout of the demo collector (8)")
+    p.add_argument("--hosts", type=int, default=1, help="2-4: network-namespace hosts with a sidecar each and the "
+                   "job's aggregator (root, iproute2); --scenario then is one of link_cut (default), node_lost, "
+                   "degraded_link, agent_restart, exception, none, on host 1")
     p.set_defaults(func=cmd_demo)
     return parser
 

@@ -6,6 +6,7 @@ Example:
     otel-gpu demo --scenario xid79      # rank 1's GPU falls off the bus
     otel-gpu demo --scenario restart    # rank k is killed once; otel-gpu run --restart auto restarts the job
     otel-gpu demo --list
+    otel-gpu demo --hosts 2             # network-namespace hosts (root): host 1 loses its data link
 """
 from __future__ import annotations
 
@@ -23,6 +24,11 @@ def main(args: argparse.Namespace) -> int:
     from otel_gpu.report import build_report, format_text
     from otel_gpu.testing.scenarios import SCENARIOS, run_scenario
 
+    if getattr(args, "hosts", 1) > 1:
+        from otel_gpu.testing import multinode
+
+        fault = args.scenario if args.scenario in multinode.FAULTS else "link_cut"
+        return multinode.main(["--hosts", str(args.hosts), "--fault", fault])
     if args.list:
         for s in SCENARIOS.values():
             print(f"{s.name:18} {s.description}  -> expect {s.kind or 'no failure'} / {s.root_cause or '-'}")

@@ -21,7 +21,8 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
+
+from otel_gpu import jobid
 
 _logger = logging.getLogger(__name__)
 
@@ -75,8 +76,9 @@ def _signame(num: int | None) -> str | None:
 class ExitWatcher:
     """Decides, from the registry, how each registered process ended; each process is reported once."""
 
-    def __init__(self, registry: str, grace_s: float = 1.5):
+    def __init__(self, registry: str, grace_s: float = 1.5, on_job_id=None):
         self.registry = registry
+        self.on_job_id = on_job_id  # called with the job id the ranks agreed on (otel_gpu.jobid)
         self.grace_s = grace_s
         self.reported: dict[int, dict] = {}
         self._dead_since: dict[int, float] = {}
@@ -94,6 +96,9 @@ class ExitWatcher:
             procs[direct[0]] = {"pid": direct[0], "role": "command", "rank": None}
         now = time.monotonic()
         out = []
+        if self.on_job_id is not None:
+            self.on_job_id(next((i["job_id"] for i in procs.values() if i.get("job_id") and i.get("rank") is not None),
+                                None))
         for pid, info in procs.items():
             if pid in self.reported:
                 continue
@@ -178,7 +183,8 @@ class Launch:
     """
 
     def __init__(self, cmd: list[str], endpoint: str | None, job_id: str, restart_count: int | None = None,
-                 extra_env: dict[str, str] | None = None, keep_registry: bool = False):
+                 extra_env: dict[str, str] | None = None, keep_registry: bool = False,
+                 job: jobid.LaunchJobId | None = None):
         from otel_gpu.instrumentation._export import OtlpClient
         from otel_gpu.instrumentation._identity import Identity
         from otel_gpu.instrumentation.config import InstrumentationConfig
@@ -189,6 +195,9 @@ class Launch:
         self.keep_registry = keep_registry
         self.registry = tempfile.mkdtemp(prefix="otel-gpu-run-")
         self.env = launch_env(self.registry, endpoint, job_id)
+        self.job = job
+        if job is not None:
+            job.apply(self.env)  # a provisional id: the ranks agree on one at their rendezvous
         if restart_count is not None:
             self.env["OTEL_GPU_RESTART_COUNT"] = str(restart_count)
         self.env.update(extra_env or {})
@@ -200,9 +209,14 @@ class Launch:
         if restart_count is not None:
             self.identity.restart_count = restart_count
         self.client = OtlpClient(cfg.endpoint, cfg.protocol, cfg.headers, cfg.export_timeout_s)
-        self.watcher = ExitWatcher(self.registry)
+        self.watcher = ExitWatcher(self.registry, on_job_id=self._adopt if job is not None else None)
         self.proc: subprocess.Popen | None = None
         self.rc: int | None = None
+
+    def _adopt(self, agreed: str | None) -> None:
+        """The job id the ranks agreed on, for the launcher's own records (otel_gpu.jobid)."""
+        self.job.adopt(agreed, self.identity)
+        self.job_id = self.job.value
 
     def start(self) -> None:
         """Starts CMD. Raises OSError when it cannot be started."""
@@ -270,9 +284,11 @@ class Launch:
         return self.rc if self.rc >= 0 else 128 - self.rc
 
 
-def resolve_job_id(job_id: str | None = None) -> str:
-    """The job id every process of this run shares (``OTEL_GPU_JOB_ID`` overrides a generated one)."""
-    return job_id or os.environ.get("OTEL_GPU_JOB_ID") or f"job-{uuid.uuid4().hex[:12]}"
+def resolve_job_id(job_id: str | None = None, cmd: list[str] | tuple = ()) -> str:
+    """The job id every process of this run shares: ``job_id``, else the scheduler's or launcher's
+    (:func:`otel_gpu.jobid.resolve`: OTEL_GPU_JOB_ID, torchrun's --rdzv-id, Slurm, Kubernetes), else a generated
+    one. (``otel-gpu run`` without ``--restart`` lets the ranks agree on one instead: :class:`jobid.LaunchJobId`.)"""
+    return job_id or (jobid.resolve(os.environ, cmd) or jobid.JobId(jobid.generated(), "generated")).value
 
 
 def forward_signals(target) -> dict:
@@ -297,7 +313,9 @@ def run(cmd: list[str], endpoint: str | None = None, job_id: str | None = None, 
     if not cmd:
         print("otel-gpu run: no command given (usage: otel-gpu run [--endpoint URL] -- CMD ...)", file=sys.stderr)
         return 2
-    launch = Launch(cmd, endpoint, resolve_job_id(job_id), keep_registry=keep_registry)
+    job = jobid.LaunchJobId(cmd, job_id)  # the scheduler's or launcher's id, else agreed by the ranks (adopted)
+    job.announce()
+    launch = Launch(cmd, endpoint, job.value, keep_registry=keep_registry, job=job)
     print(f"otel-gpu run: job {launch.job_id}; telemetry to {launch.config.endpoint} ({launch.config.protocol})",
           file=sys.stderr, flush=True)
     try:

@@ -40,12 +40,15 @@ def _int_env(name: str) -> int | None:
 
 
 def job_id_from_env(explicit: str | None = None) -> str:
-    """OTEL_GPU_JOB_ID, else TORCHELASTIC_RUN_ID, else a generated id (exported as OTEL_GPU_JOB_ID so that the
-    processes this one starts share it)."""
-    job = explicit or os.environ.get("OTEL_GPU_JOB_ID") or os.environ.get("TORCHELASTIC_RUN_ID")
-    if not job:
-        job = "job-" + uuid.uuid4().hex[:12]
-        os.environ["OTEL_GPU_JOB_ID"] = job
+    """The job id (``otel_gpu.jobid.resolve``: OTEL_GPU_JOB_ID, torchrun's run id, Slurm, Kubernetes), else a
+    provisional one shared with the processes this one starts (the ranks then agree on rank 0's at their rendezvous)."""
+    from otel_gpu import jobid
+
+    found = explicit or (jobid.resolve() or jobid.JobId("", "")).value
+    if found:
+        return found
+    job = os.environ.get(jobid.PROVISIONAL_ENV) or jobid.generated()
+    os.environ[jobid.PROVISIONAL_ENV] = job
     return job
 
 

@@ -20,6 +20,7 @@ import threading
 import time
 import traceback
 
+from otel_gpu import jobid
 from otel_gpu.instrumentation import _export, _flight, _hot, _pbenc, _registry
 from otel_gpu.instrumentation._hot import CKPT, COLL, DATA, NS, STEP, WAIT
 from otel_gpu.instrumentation._identity import Identity, job_id_from_env
@@ -100,10 +101,10 @@ class Runtime:
 
     def __init__(self, cfg: InstrumentationConfig):
         self.cfg = cfg
-        self.identity_generated = not (cfg.job_id or os.environ.get("OTEL_GPU_JOB_ID")
-                                       or os.environ.get("TORCHELASTIC_RUN_ID"))
+        self.identity_generated = not cfg.job_id and jobid.resolve() is None  # agreed at the rendezvous
         self.job_id = job_id_from_env(cfg.job_id)
         self.identity = Identity(self.job_id, cfg.service_name, cfg.resource_attributes)
+        self._started_mono = time.monotonic()
         self.client = _export.OtlpClient(cfg.endpoint, cfg.protocol, cfg.headers, cfg.export_timeout_s,
                                          routes=signal_routes(cfg))
         limits = attribute_limits()
@@ -228,6 +229,7 @@ class Runtime:
         NS["_dpg"] = None
         if not self._steps_done:
             self._step_t0 = time.time_ns()  # step 1 starts once the job is set up, not at import time
+            self._last_progress_ns = max(self._last_progress_ns, self._step_t0)  # joining the group is progress
         self.identity.refresh_from_dist()
         self._agree_job_id()
         self._register()
@@ -253,7 +255,7 @@ class Runtime:
             self.identity.version += 1
             self.identity_generated = False
         except Exception:  # noqa: BLE001
-            _logger.debug("otel-gpu: could not agree on a job id through the store", exc_info=True)
+            _logger.warning("otel-gpu: could not agree on a job id through the store", exc_info=True)
 
     def _register(self) -> None:
         folder = self.cfg.registry_dir
@@ -262,6 +264,8 @@ class Runtime:
             _registry.write_proc(folder, {"pid": os.getpid(), "ppid": os.getppid(), "role": role,
                                           "rank": self.identity.rank, "local_rank": self.identity.local_rank,
                                           "world_size": self.identity.world_size, "host": self.identity.host,
+                                          # the launcher adopts this id; a provisional one is not worth adopting
+                                          "job_id": None if self.identity_generated else self.identity.job_id,
                                           "argv": sys.argv[:8]})
 
     def _registry_event(self, event: dict) -> None:
@@ -769,6 +773,11 @@ class Runtime:
                 name, created, e = newest
                 inflight = {"kind": "flight_recorder", "op": _flight.entry_op(e), "pg": name,
                             "seq": int(e["collective_seq_id"]), "since": created / 1e9}
+        if inflight is None and not self._steps_done:
+            # Starting up (imports, rendezvous, building the model and DDP) with nothing in flight: initialization,
+            # not a hang. On a busy node this took 7 s between init_process_group and the first collective and read
+            # as a job-wide hang (the multi-node bed, tests/test_multihost.py).
+            stalled_s = 0.0
         last_seq = dict(last_started)
         if inflight is not None and inflight.get("pg") and not inflight.get("p2p"):
             last_seq[inflight["pg"]] = inflight["seq"] - 1
@@ -804,6 +813,9 @@ class Runtime:
     def heartbeat(self) -> None:
         if not self.is_training_process():
             return
+        if self.identity_generated and (self.identity.world_size or 0) > 1 and \
+                time.monotonic() - self._started_mono < 120.0:
+            return  # the job id is agreed when the process group is created: a heartbeat now would start a stray job
         attrs, body = self.progress()
         self.log(tr.PROGRESS_EVENT, attrs, body, now=True)
         try:

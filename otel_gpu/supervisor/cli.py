@@ -48,8 +48,8 @@ def run_supervised(args: argparse.Namespace) -> int:
     if not cmd:
         print("otel-gpu run: no command given (usage: otel-gpu run [--restart auto] -- CMD ...)", file=sys.stderr)
         return 2
-    job_id = resolve_job_id(getattr(args, "job_id", None))
-    if args.restart == "never":
-        return run(cmd, endpoint=args.endpoint, job_id=job_id)
+    if args.restart == "never":  # run() finds the job id itself, or lets the ranks agree on one (otel_gpu.jobid)
+        return run(cmd, endpoint=args.endpoint, job_id=getattr(args, "job_id", None))
+    job_id = resolve_job_id(getattr(args, "job_id", None), cmd)
     url = args.verdict_url or policy.verdict.url or default_url(args.endpoint)
     return Supervisor(cmd, args.restart, policy, args.endpoint, job_id, url).run()

@@ -123,6 +123,10 @@ def _no_primary(engine: Engine, job: JobState, failed: list[RankState], conseque
                       explainable_by=[r.rank for r in failed + silent], symptom_time=first_time)
     if silent:
         r = min(silent, key=lambda x: x.last_seen)
+        lost = _node_lost(engine, job, r, silent, now)
+        if lost is not None:
+            lost.evidence.append(Evidence("peer_failure_on_ranks", peers))
+            return lost
         finding.cause, finding.confidence, finding.rank, finding.host = RootCause.RANK_PROCESS_DIED, 0.6, r.rank, \
             r.who.host
         finding.evidence.insert(0, Evidence("otel_gpu.progress.last_seen", round(r.last_seen, 3)))
@@ -137,3 +141,36 @@ def _no_primary(engine: Engine, job: JobState, failed: list[RankState], conseque
         finding.rank, finding.host = r.rank, r.who.host
     engine.explain(finding, job, throttle=False)
     return finding
+
+
+def quiet_hosts(job: JobState, now: float, quiet_s: float = 0.0) -> list[str]:
+    """Hosts none of whose ranks failed, exited or said anything in the last ``quiet_s``: a node that may be gone
+    (its ranks' silence is only certain after the heartbeat timeout; see ``_node_lost``). With 0, every host whose
+    ranks neither failed nor exited: a lost node's last records can arrive a second or two after its peers failed
+    (the sidecar batches), so recency tells nothing that early."""
+    by_host: dict[str, list[RankState]] = {}
+    for r in job.ranks.values():
+        if r.who.host is not None:
+            by_host.setdefault(r.who.host, []).append(r)
+    return [host for host, ranks in by_host.items()
+            if all(not r.failed() and r.exit is None and r.last_seen < now - quiet_s for r in ranks)]
+
+
+def _node_lost(engine: Engine, job: JobState, r: RankState, silent: list[RankState], now: float) -> Finding | None:
+    """The silent rank's whole node went quiet (every rank of the host and its own device metrics, no exit record):
+    ``node_lost`` on that host, the rule of ``_hang.decide_silent`` applied to a crash whose survivors failed first."""
+    host = r.who.host
+    if host is None:
+        return None
+    s = engine.settings
+    on_host = [x for x in job.ranks.values() if x.who.host == host]
+    host_seen = engine.devices.host_silent_since(host)
+    if not (all(x in silent for x in on_host) and host_seen is not None and host_seen < now - s.heartbeat_timeout_s
+            and host_seen <= r.last_seen + s.heartbeat_timeout_s):
+        return None
+    return Finding(Kind.CRASH, RootCause.NODE_LOST, min(r.last_seen, host_seen), 0.8, r.rank, host, None,
+                   [Evidence(f"rank{r.rank}.last_heartbeat", round(r.last_seen, 3)),
+                    Evidence(f"host.{host}.last_device_sample", round(host_seen, 3))],
+                   f"node {host} went silent: its {len(on_host)} rank(s) and its own device metrics stopped together, "
+                   f"with no exit reported; the ranks of the other nodes then failed in their next collective",
+                   {"signal": "node_silent", "ranks": sorted(x.rank for x in on_host)})

@@ -371,6 +371,12 @@ class Engine:
                         1 if finding.cause is RootCause.UNKNOWN else 3)
                     self.incident_opened = True
                     continue
+                if finding.cause is RootCause.UNKNOWN and now < job.incident_open + self.settings.heartbeat_timeout_s \
+                        + self.settings.crash_settle_s and _crash.quiet_hosts(job, now):
+                    # A node whose ranks said nothing since the survivors failed: wait until its silence is certain
+                    # (the heartbeat timeout), so that a lost node is named (node_lost) rather than "unknown".
+                    job.incident_deadline = now + self.settings.crash_settle_s
+                    continue
             else:
                 finding = _hang.decide_hang(self, job, now) or _hang.decide_silent(self, job, now)
             if finding is not None:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from otel_gpu.processors.attribution._observations import SpanSeen, StepSeen
 from otel_gpu.processors.attribution._state import JobState, RankState
 from otel_gpu.processors.attribution._types import Evidence, Finding
-from otel_gpu.schema.failure import Kind, RootCause
+from otel_gpu.schema.failure import Action, Category, Kind, RootCause
 
 if TYPE_CHECKING:
     from otel_gpu.processors.attribution._engine import Engine
@@ -149,6 +149,9 @@ def _attribute(engine: Engine, job: JobState, base: float) -> Finding:
             ev.append(Evidence(f"rank{rank_no}.{kind_of}_s_increase", f"{max(dc, dd):.3f}"))
         elif all(dd > 0.5 * excess for _, (dc_, dd) in growth.items()):
             kind_of = "data_all"
+        elif _collective_grew_everywhere(job, episode, base, excess):
+            kind_of = "network"
+            ev.append(Evidence("collective_s_increase_on_all_ranks", f"> {0.5 * excess:.3f}"))
     suspects = [culprit_rank] if culprit_rank is not None else sorted(job.ranks)
     head = f"steps take {slow_duration:.2f} s instead of {base:.2f} s"
     rank = job.ranks[culprit_rank] if culprit_rank is not None else None
@@ -161,9 +164,34 @@ def _attribute(engine: Engine, job: JobState, base: float) -> Finding:
         finding = Finding(Kind.SLOWDOWN, RootCause.STRAGGLER_COMPUTE, onset, 0.8, rank.rank, rank.who.host, None, ev,
                           f"{head}: rank {rank.rank} computes slower than its peers, with no hardware signal",
                           {"reason": "compute"}, explainable_by=suspects)
+    elif kind_of == "network":
+        # Every rank waits longer in its collectives and none computes or loads slower: the network between the
+        # ranks (or the collective library) slowed. Which node's link it is cannot be told from collective timing (in
+        # a ring every rank waits for the slowest link); a link or NIC fault on a node, if one began, refines it.
+        finding = Finding(Kind.SLOWDOWN, RootCause.UNKNOWN, onset, 0.5, None, None, None, ev,
+                          f"{head}: every rank spends longer in collectives while compute and data loading did not "
+                          f"change: the network between the ranks is slower (no link or NIC error seen)",
+                          {"reason": "network"}, category=Category.INFRASTRUCTURE, action=Action.INVESTIGATE,
+                          explainable_by=suspects)
     else:
         finding = Finding(Kind.SLOWDOWN, RootCause.UNKNOWN, onset, 0.4, None, None, None, ev,
                           f"{head}; no rank, device or link stands out", {"reason": "unexplained"},
                           explainable_by=suspects)
     engine.explain(finding, job, throttle=True)
     return finding
+
+
+def _collective_grew_everywhere(job: JobState, episode: list, base: float, excess: float) -> bool:
+    """Each rank's collective time in the slow steps grew by more than half the excess over its usual share of a
+    step (the step baseline less its own compute and data baselines)."""
+    if excess <= 0 or not job.ranks:
+        return False
+    for rank_no, rank in job.ranks.items():
+        colls = [pr[rank_no].collective_s for _, pr in episode if rank_no in pr and pr[rank_no].collective_s is not None]
+        if not colls or not rank.compute_baseline:
+            return False
+        usual = base - statistics.median(rank.compute_baseline) - (
+            statistics.median(rank.data_baseline) if rank.data_baseline else 0.0)
+        if statistics.median(colls) - max(usual, 0.0) <= 0.5 * excess:
+            return False
+    return True

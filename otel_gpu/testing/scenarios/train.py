@@ -14,7 +14,8 @@ scenario:
   raises; training goes on)
 - ``OTEL_GPU_FAULT_RANK`` (default 1), ``OTEL_GPU_FAULT_RANK2`` (the second rank, -1: none) and
   ``OTEL_GPU_FAULT_STEP`` (default 25; a checkpoint is saved every 10 steps)
-- ``OTEL_GPU_STEPS`` (default 60), ``OTEL_GPU_STEP_SLEEP_S`` (default 0.05: steady, cheap "compute")
+- ``OTEL_GPU_STEPS`` (default 60), ``OTEL_GPU_STEP_SLEEP_S`` (default 0.05: steady, cheap "compute"),
+  ``OTEL_GPU_HIDDEN`` (default 256: the model's width, so the gradient bytes each step sends)
 - ``OTEL_GPU_SCENARIO_DIR``: when set, the faulty rank writes ``trigger`` there when the fault begins and, if
   ``OTEL_GPU_FAULT_WAIT_ACK=1``, waits for ``ack`` (the hardware part of the fault has been injected) before showing
   the software symptom, as a real device fault precedes the process's failure.
@@ -41,6 +42,7 @@ FAULT_STEP = int(os.environ.get("OTEL_GPU_FAULT_STEP", "25"))
 CKPT_STALL_S = float(os.environ.get("OTEL_GPU_CKPT_STALL_S", "40"))
 STEPS = int(os.environ.get("OTEL_GPU_STEPS", "60"))
 STEP_SLEEP_S = float(os.environ.get("OTEL_GPU_STEP_SLEEP_S", "0.05"))
+HIDDEN = int(os.environ.get("OTEL_GPU_HIDDEN", "256"))  # model width: gradient bytes per step (network load)
 SCENARIO_DIR = os.environ.get("OTEL_GPU_SCENARIO_DIR")
 
 
@@ -154,7 +156,7 @@ def main() -> None:
     # Subgroups [0,1], [2,3]: every rank must create every group, in the same order.
     pairs = [dist.new_group([r, r + 1]) for r in range(0, world - 1, 2)] if FAULT == "subgroup_sleep" else []
     torch.manual_seed(0)
-    model = DDP(torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8)))
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(64, HIDDEN), torch.nn.ReLU(), torch.nn.Linear(HIDDEN, 8)))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     loader = DataLoader(Batches(rank), batch_size=None, num_workers=0)
     ckpt_dir = Path(SCENARIO_DIR or os.environ.get("TMPDIR", "/tmp"))
