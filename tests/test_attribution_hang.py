@@ -215,3 +215,40 @@ def test_every_rank_in_one_collective_and_a_link_down_near_the_onset_before_or_l
     assert "mlx5_0/1" in " ".join(rec.evidence) and "ifb0" not in " ".join(rec.evidence)
     if rec.version > 1:
         assert rec.previous_root_cause == "unknown"
+
+
+def test_a_rank_slow_before_its_first_step_is_starting_not_hung_until_the_startup_bound():
+    c = Cluster(world=4)
+    c.settings.startup_timeout_s = 40.0
+
+    def feed(t):  # DDP's initial broadcasts: rank 0 still imports while the others wait in broadcast seq 3
+        for r in range(4):
+            if r == 0:
+                c.heartbeat(r, t, step=1, started={"0": 2}, stalled=t - (T0 + 10))
+            else:
+                c.heartbeat(r, t, step=1, started={"0": 3}, inflight=("collective", "0", 3, "broadcast", T0 + 10))
+            c.engine.jobs[c.job].ranks[r].last_heartbeat.steps_done = 0
+        c.stacks(0, t, [{"file": "/venv/lib/python3.11/site-packages/sympy/core/assumptions.py", "line": 664,
+                         "function": "_prepare_class_assumptions"}])
+    assert c.run(T0 + 10, T0 + 45, feed) == []
+    (_, rec), = c.run(T0 + 45.5, T0 + 52, feed)
+    assert (rec.root_cause.value, rec.culprit.rank) == ("rank_not_in_collective", 0)
+
+
+def test_a_silent_rank_verdict_is_withdrawn_when_the_rank_reports_and_progresses_again():
+    c = Cluster(world=4)
+    quiet = 2
+
+    def feed(t):
+        for r in range(4):
+            if r == quiet and t > T0 + 10:
+                continue  # frozen (e.g. swapped out) for a while
+            c.heartbeat(r, t, started={"0": 41}, inflight=("collective", "0", 41, "all_reduce", T0 + 10.2))
+    (_, first), = c.run(T0 + 5, T0 + 20, feed)
+    assert (first.root_cause.value, first.culprit.rank) == ("rank_process_died", quiet)
+
+    def back(t):
+        for r in range(4):
+            c.heartbeat(r, t, step=8, started={"0": 42 + int(t - T0 - 20)}, stalled=0.1)
+    (_, second), = c.run(T0 + 20.5, T0 + 25, back)
+    assert (second.failure_id, second.version, second.withdrawn) == (first.failure_id, 2, True)

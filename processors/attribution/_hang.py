@@ -221,6 +221,8 @@ def decide_hang(engine: Engine, job: JobState, now: float) -> Finding | None:
         return _chain_end(engine, job, ends, roots, onset, timeout, now, op, pg, seq, base_ev, waiting)
     if len(roots) < len(live):
         return None  # some ranks still progress and nobody is waited for: not a job-wide hang (yet)
+    if any(r.last_seen < now - s.heartbeat_timeout_s / 2 for r in roots):
+        return None  # one of them stopped reporting: gone or frozen (decide_silent names it)
     return _all_waiting(engine, job, roots, onset, now, op, pg, seq, base_ev, waiting)
 
 
@@ -255,7 +257,8 @@ def _chain_end(engine: Engine, job: JobState, ends: list[int], roots: list[RankS
         return None  # it crashed: the crash detector names it
     if culprit.last_seen < now - s.heartbeat_timeout_s / 2:
         return None  # it stopped reporting: gone or frozen, a crash or a lost node (decide_silent)
-    starting = hb is not None and (not any(hb.last_started_seq.values()) or (not hb.step and not job.step_done))
+    starting = hb is not None and (not any(hb.last_started_seq.values()) or (
+        hb.steps_done == 0 and not job.step_done))
     if starting and now - onset < s.startup_timeout_s:
         return None  # before its first step: still importing, loading its data, building its model
     if _in_checkpoint(culprit):

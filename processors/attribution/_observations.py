@@ -46,6 +46,7 @@ class Heartbeat:
     last_started_seq: dict[str, int] = field(default_factory=dict)
     stack_top: str | None = None  # innermost frame of the main thread, when the heartbeat carries it
     stalled_s: float | None = None  # seconds without progress, as the rank's watchdog counts them
+    steps_done: int | None = None  # optimizer steps the rank completed (its own counter), when it says
 
 
 @dataclass

@@ -283,7 +283,8 @@ class AttributionProcessor(Processor):
                 who, t, _int(body.get("step")), body.get("state"), infl,
                 {str(k): int(v) for k, v in (body.get("last_seq") or {}).items()},
                 {str(k): int(v) for k, v in (body.get("last_started_seq") or {}).items()},
-                body.get("stack_top") or body.get("user_top"), _float(body.get("stalled_s"))), now)
+                body.get("stack_top") or body.get("user_top"), _float(body.get("stalled_s")),
+                _int(counters.get("steps")) if isinstance(counters := body.get("counters"), dict) else None), now)
         elif name == T.STACKS_EVENT.name:
             frames: list[dict] = []
             for thread in body.get("threads") or []:
