@@ -30,16 +30,20 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Union
 
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 from opentelemetry.proto.logs.v1 import logs_pb2
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 
-__all__ = ["Attributes", "LogsBuilder", "MetricsBuilder", "Series", "any_value", "attributes"]
+from otel_gpu.pdata import any_value, attributes, iter_points, set_any, to_python
+
+# any_value, attributes, iter_points and to_python live in otel_gpu.pdata (the one conversion module); re-exported.
+__all__ = ["Attributes", "LogsBuilder", "MetricsBuilder", "Series", "any_value", "attributes", "iter_points",
+           "to_python"]
 
 #: Attributes accepted by the builders: a mapping, or a sequence of ready-made ``KeyValue`` messages.
 Attributes = Union[Mapping[str, Any], Sequence[KeyValue]]
@@ -47,56 +51,12 @@ Attributes = Union[Mapping[str, Any], Sequence[KeyValue]]
 _CUMULATIVE = metrics_pb2.AGGREGATION_TEMPORALITY_CUMULATIVE
 
 
-def any_value(value: Any) -> AnyValue:
-    """A Python value as an OTLP ``AnyValue`` (bool, int, float, str, bytes, lists and dicts of these)."""
-    out = AnyValue()
-    _set_any(out, value)
-    return out
-
-
-def _set_any(out: AnyValue, value: Any) -> None:
-    if isinstance(value, bool):
-        out.bool_value = value
-    elif isinstance(value, int):
-        out.int_value = value
-    elif isinstance(value, float):
-        out.double_value = value
-    elif isinstance(value, str):
-        out.string_value = value
-    elif isinstance(value, (bytes, bytearray)):
-        out.bytes_value = bytes(value)
-    elif isinstance(value, Mapping):
-        for k, v in value.items():
-            _set_any(out.kvlist_value.values.add(key=str(k)).value, v)
-    elif isinstance(value, (list, tuple)):
-        arr = out.array_value
-        arr.SetInParent()
-        for v in value:
-            _set_any(arr.values.add(), v)
-    elif value is None:
-        pass  # an empty AnyValue
-    else:
-        out.string_value = str(value)
-
-
-def attributes(attrs: Mapping[str, Any] | None) -> list[KeyValue]:
-    """Pre-builds ``KeyValue`` messages, to reuse on every data point (keys may be schema ``Attr`` objects)."""
-    out: list[KeyValue] = []
-    if not attrs:
-        return out
-    for key, value in attrs.items():
-        kv = KeyValue(key=str(key))
-        _set_any(kv.value, value)
-        out.append(kv)
-    return out
-
-
 def _extend(target, attrs: Attributes | None) -> None:
     if not attrs:
         return
     if isinstance(attrs, Mapping):
         for key, value in attrs.items():
-            _set_any(target.add(key=str(key)).value, value)
+            set_any(target.add(key=str(key)).value, value)
     else:
         target.extend(attrs)
 
@@ -287,32 +247,3 @@ class LogsBuilder:
         return self._request
 
 
-def iter_points(request: ExportMetricsServiceRequest) -> Iterable[tuple[Any, Any, dict[str, Any]]]:
-    """Yields ``(metric, data_point, attributes as a dict)`` over a request: a convenience for tests and processors."""
-    for rm in request.resource_metrics:
-        for sm in rm.scope_metrics:
-            for m in sm.metrics:
-                kind = m.WhichOneof("data")
-                if kind is None:
-                    continue
-                for dp in getattr(m, kind).data_points:
-                    yield m, dp, {kv.key: _py(kv.value) for kv in dp.attributes}
-
-
-def _py(value: AnyValue) -> Any:
-    kind = value.WhichOneof("value")
-    if kind is None:
-        return None
-    if kind == "array_value":
-        return [_py(v) for v in value.array_value.values]
-    if kind == "kvlist_value":
-        return {kv.key: _py(kv.value) for kv in value.kvlist_value.values}
-    return getattr(value, kind)
-
-
-def to_python(value: AnyValue) -> Any:
-    """An ``AnyValue`` as a Python value."""
-    return _py(value)
-
-
-__all__ += ["iter_points", "to_python"]

@@ -1,4 +1,4 @@
-"""The aggregator role (DESIGN section 5): node sidecars forward compact per-rank records to the job's aggregator.
+"""The aggregator role (docs/scale.md): node sidecars forward compact per-rank records to the job's aggregator.
 
 - The example configs (docs/examples/sidecar.yaml, aggregator.yaml) load with our config loader.
 - The compact processor keeps heartbeats and step records, drops collective spans, and never changes the batch that
@@ -111,7 +111,7 @@ def test_example_configs_load_with_our_loader(monkeypatch):
 
 
 def test_compact_config_errors_name_the_key():
-    with pytest.raises(Exception, match="processors.compact.job_idle_s"):
+    with pytest.raises(Exception, match="processors.compact.job_idle must be > 0"):
         load_text("receivers: {otlp: {}}\nprocessors: {compact: {job_idle: 0s}}\nexporters: {debug: {}}\n"
                   "service: {pipelines: {logs: {receivers: [otlp], processors: [compact], exporters: [debug]}}}")
 

@@ -75,7 +75,7 @@ def counting_backend():
 
 def test_a_registered_backend_is_chosen_by_config_in_a_real_collector(capture_exporter, counting_backend):
     text = yaml.safe_dump({
-        "receivers": {"nvml": {"backend": "counting", "interval_s": 0.1, "xid_events": False}},
+        "receivers": {"nvml": {"backend": "counting", "interval": "100ms", "xid_events": False}},
         "exporters": {"capture": {}},
         "service": {"pipelines": {"metrics": {"receivers": ["nvml"], "exporters": ["capture"]}}}})
     c = Collector(load_text(text))
@@ -114,7 +114,7 @@ def test_backend_fake_through_the_cli_collector_reaches_an_otlp_backend(collecto
     """The product path: `otel-gpu collector` with `backend: fake` in its YAML, metrics exported over OTLP."""
     scenario = ROOT / "tests" / "testdata" / "fake_nvml_8gpu.yaml"
     text = yaml.safe_dump({
-        "receivers": {"nvml": {"backend": "fake", "scenario": str(scenario), "interval_s": 0.2, "xid_events": False}},
+        "receivers": {"nvml": {"backend": "fake", "scenario": str(scenario), "interval": "200ms", "xid_events": False}},
         "exporters": {"otlp": {"endpoint": otlp_sink.endpoint, "compression": "none"}},
         "service": {"pipelines": {"metrics": {"receivers": ["nvml"], "exporters": ["otlp"]}}}})
     collector = collector_process(text)

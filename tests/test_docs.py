@@ -101,27 +101,24 @@ def _settings_table(text: str) -> list[list[str]]:
 
 
 def _field(cls: type, dotted: str):
-    """(dataclass field, owning class, seconds per unit when the YAML key is a Go duration) for ``a.b.c``, through
-    nested (optional) dataclass fields. Names are YAML keys (``timeout`` for a field ``timeout_s``), or field names
-    for configs that are not read from YAML (the instrumentation's)."""
+    """(dataclass field, seconds per unit or None) for the setting ``a.b.c``: YAML keys (a duration field
+    ``interval_s`` is the key ``interval``) or field names, through nested (optional) dataclass fields."""
     parts = dotted.split(".")
     for i, part in enumerate(parts):
         fields = {f.name: f for f in dataclasses.fields(cls)}
-        scale = None
-        if part not in fields:
-            key = yaml_keys(cls).get(part)
-            if key is None:
-                return None, cls, None
-            part, scale = key.field, key.scale
+        key = yaml_keys(cls).get(part)
+        name, scale = (key.field, key.scale) if key is not None else (part, None)
+        if name not in fields:
+            return None, None
         if i == len(parts) - 1:
-            return fields[part], cls, scale
-        hint = typing.get_type_hints(cls)[part]
+            return fields[name], scale
+        hint = typing.get_type_hints(cls)[name]
         nested = [a for a in typing.get_args(hint) if dataclasses.is_dataclass(a)] if isinstance(
             hint, (types.UnionType, typing._UnionGenericAlias)) else [hint]
         if not nested or not dataclasses.is_dataclass(nested[0]):
-            return None, cls, None
+            return None, None
         cls = nested[0]
-    return None, cls, None
+    return None, None
 
 
 def _default(f: dataclasses.Field):
@@ -136,8 +133,8 @@ _EMPTY = (None, "", [], {}, (), dataclasses.MISSING)
 
 
 def _same(doc, code) -> bool:
-    if dataclasses.is_dataclass(code) and isinstance(doc, dict):  # a nested setting's documented part
-        return all(hasattr(code, k) and _same(v, getattr(code, k)) for k, v in doc.items())
+    if dataclasses.is_dataclass(code) and isinstance(doc, dict):  # the README names the settings that matter
+        return all(_same(v, getattr(code, k, dataclasses.MISSING)) for k, v in doc.items())
     if isinstance(code, (list, tuple)) and isinstance(doc, str) and doc.endswith(", ..."):
         return [d.strip() for d in doc[:-5].split(",")] == list(code)[:doc.count(",")]
     if isinstance(code, bool) or isinstance(doc, bool):
@@ -158,12 +155,13 @@ def _check_row(cls: type, cells: list[str], default_col: int) -> list[str]:
     values = [v.strip() for v in raw.split(" / ")] if len(names) > 1 and " / " in raw else [raw] * len(names)
     problems = []
     for name, value in zip(names, values):
-        f, _, scale = _field(cls, name)
+        f, scale = _field(cls, name)
         if f is None:
             problems.append(f"{name}: not a field of {cls.__name__}")
             continue
         code = _default(f)
-        literal = re.fullmatch(r"`([^`]*)`", value) or re.fullmatch(r"-?[0-9.]+|true|false|null", value)
+        # a literal, maybe followed by a remark in parentheses: `grpc`, 2.0, `1s`, `{}` (on)
+        literal = re.fullmatch(r"`([^`]*)`(?: \(.*\))?", value) or re.fullmatch(r"-?[0-9.]+|true|false|null", value)
         if literal is None:  # words ("all", "off", "host name", "required"): only for an empty or unset default
             if value == "see above" and isinstance(code, (list, dict)):
                 continue  # the README lists it in full above the table
@@ -194,10 +192,11 @@ def test_readme_settings_table_matches_the_config_dataclass(readme, cls):
     header, body = rows[0], rows[1:]
     default_col = header.index("default")
     problems = [p for cells in body for p in _check_row(cls, cells, default_col)]
-    keys = yaml_keys(cls)
-    documented = {keys[n].field if n in keys else n for cells in body
-                  for n in (x.split(".")[0] for x in re.findall(r"`([a-z_][a-z0-9_.]*)`", cells[0]) or [cells[0]])}
-    missing = [f.name for f in dataclasses.fields(cls) if f.name not in documented]
+    documented = {n.split(".")[0] for cells in body
+                  for n in re.findall(r"`([a-z_][a-z0-9_.]*)`", cells[0]) or [cells[0]]}
+    keys = {k.field: key for key, k in yaml_keys(cls).items()}
+    missing = [keys.get(f.name, f.name) for f in dataclasses.fields(cls)
+               if f.name not in documented and keys.get(f.name) not in documented]
     assert not problems and not missing, "\n".join(problems + [f"{m}: not in the table" for m in missing])
 
 
@@ -206,11 +205,14 @@ def test_the_table_check_catches_drift():
     class Cfg:
         size: int = 2000
         name: str = ""
+        interval_s: float = 0.5
 
     assert _check_row(Cfg, ["`size`", "`256`", ""], 1) == ["size: README says `256`, the code's default is 2000"]
     assert _check_row(Cfg, ["`sise`", "`2000`", ""], 1) == ["sise: not a field of Cfg"]
     assert _check_row(Cfg, ["`size` / `name`", "`2000` / `\"\"`", ""], 1) == []
     assert _check_row(Cfg, ["`size`", "many", ""], 1) == ["size: README says 'many', the code's default is 2000"]
+    assert _check_row(Cfg, ["`interval`", "`500ms`", ""], 1) == []
+    assert _check_row(Cfg, ["`interval`", "`5s`", ""], 1) == ["interval: README says `5s`, the code's default is 0.5"]
 
 
 # -- links -----------------------------------------------------------------------------------------------------------

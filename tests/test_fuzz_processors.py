@@ -31,7 +31,7 @@ from otel_gpu.component import ComponentHost
 from otel_gpu.config import build
 from otel_gpu.exporters.store import FACTORY as STORE
 from otel_gpu.exporters.store import db
-from otel_gpu.pdata import Batch, Signal
+from otel_gpu.pdata import Batch, Signal, set_any
 from otel_gpu.processors.attribution import FACTORY as ATTRIBUTION
 from otel_gpu.processors.goodput import FACTORY as GOODPUT
 
@@ -75,27 +75,7 @@ _json = st.recursive(_json_scalar, lambda inner: st.lists(inner, max_size=3)
                      | st.dictionaries(st.sampled_from(BODY_KEYS), inner, max_size=5), max_leaves=16)
 
 
-def _set(any_value, v) -> None:
-    if v is None:
-        return
-    if isinstance(v, bool):
-        any_value.bool_value = v
-    elif isinstance(v, int):
-        any_value.int_value = v
-    elif isinstance(v, float):
-        any_value.double_value = v
-    elif isinstance(v, str):
-        any_value.string_value = v
-    elif isinstance(v, bytes):
-        any_value.bytes_value = v
-    elif isinstance(v, list):
-        any_value.array_value.SetInParent()
-        for item in v:
-            _set(any_value.array_value.values.add(), item)
-    else:
-        any_value.kvlist_value.SetInParent()
-        for key, item in v.items():
-            _set(any_value.kvlist_value.values.add(key=key).value, item)
+_set = set_any  # the product's own conversion (otel_gpu.pdata)
 
 
 def _attrs(target, pairs) -> None:

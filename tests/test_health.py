@@ -57,11 +57,16 @@ class _Into:
             self.sink.consume(out)
 
 
+def _yaml(settings: dict) -> dict:
+    """Python field names (``warmup_s=0``) as the YAML keys users write (``warmup: 0s``)."""
+    return {(k[:-2] if k.endswith("_s") else k): (f"{v}s" if k.endswith("_s") else v) for k, v in settings.items()}
+
+
 def _health(clock, services=None, store=None, **settings) -> tuple[HealthProcessor, _Sink]:
     sink = _Sink(store)
     host = ComponentHost("health", PrometheusSelfTelemetry(), {Signal.METRICS: sink, Signal.LOGS: sink},
                          services if services is not None else {})
-    proc = HealthProcessor(build(HealthConfig, settings, "processors.health"), host)
+    proc = HealthProcessor(build(HealthConfig, _yaml(settings), "processors.health"), host)
     proc._clock = clock
     return proc, sink
 
@@ -84,9 +89,9 @@ def test_climbing_ecc_is_drained_before_the_uncorrectable_error_and_a_dirty_stab
     rx_host = ComponentHost("nvml", PrometheusSelfTelemetry(), {Signal.METRICS: _Into(proc, sink),
                                                                 Signal.LOGS: _Into(proc, sink)})
     (tmp_path / "scenario.yaml").write_text("gpu_count: 2\n")  # the config needs one; the fake above has the clock
-    rx = NvmlReceiver(build(NvmlReceiverConfig, {"backend": "fake", "scenario": str(tmp_path / "scenario.yaml"), "interval_s": 3600,
-                                                  "nvlink_interval_s": 0, "host_name": HOST}, "receivers.nvml"),
-                      rx_host)
+    settings = {"backend": "fake", "scenario": str(tmp_path / "scenario.yaml"), "interval": "1h",
+                "nvlink_interval": "0s", "host_name": HOST}
+    rx = NvmlReceiver(build(NvmlReceiverConfig, settings, "receivers.nvml"), rx_host)
     rx.start()  # real poll thread (one poll, then an hour of real time) and the real XID event thread
     try:
         deadline = time.monotonic() + 10
@@ -344,8 +349,8 @@ def test_memory_stays_bounded_by_max_devices():
 
 
 @pytest.mark.parametrize("settings, key", [
-    ({"sample_interval_s": 0}, "sample_interval_s"), ({"drain_factor": 2, "watch_factor": 4}, "drain_factor"),
-    ({"short_window_s": 30}, "short_window_s"), ({"flaps_drain": 1}, "flaps_drain"),
+    ({"sample_interval": "0s"}, "sample_interval"), ({"drain_factor": 2, "watch_factor": 4}, "drain_factor"),
+    ({"short_window": "30s"}, "short_window"), ({"flaps_drain": 1}, "flaps_drain"),
     ({"throttle_watch_fraction": 1.5}, "throttle_watch_fraction"), ({"max_devices": 0}, "max_devices"),
 ])
 def test_config_errors_name_the_key(settings, key):
@@ -359,7 +364,7 @@ def test_health_processor_in_a_collector_config_loads():
 
     text = """
 receivers: {otlp: {}}
-processors: {health: {sample_interval_s: 5}}
+processors: {health: {sample_interval: 5s}}
 exporters: {debug: {}}
 service:
   pipelines:
@@ -450,9 +455,9 @@ def test_in_a_real_collector_a_failed_remap_reaches_the_store_the_report_and_the
     store_dir = tmp_path / "store"
     text = f"""
 receivers:
-  nvml: {{backend: fake, scenario: "{scenario}", interval_s: 0.2, host_name: rack1-node7}}
+  nvml: {{backend: fake, scenario: "{scenario}", interval: 200ms, host_name: rack1-node7}}
 processors:
-  health: {{sample_interval_s: 0.2, evaluate_interval_s: 0.2}}
+  health: {{sample_interval: 200ms, evaluate_interval: 200ms}}
 exporters:
   store: {{path: "{store_dir}"}}
   capture: {{}}
@@ -466,13 +471,13 @@ service:
     try:
         capture = collector.component("exporter", "capture")
         health = collector.component("processor", "health")
-        wait_until(lambda: any(d["state"] == "drain" and d["kind"] == "gpu" for d in health.service.states()), 15)
+        wait_until(lambda: any(d["state"] == "drain" and d["kind"] == "gpu" for d in health.service.states()), 60)
         uuid = next(d["uuid"] for d in health.service.states() if d["state"] == "drain" and d["kind"] == "gpu")
         wait_until(lambda: any(m.name == H.HEALTH.name and a[str(H.DEVICE_ID)] == f"gpu:{uuid}" and
                                a[str(H.DEVICE_STATE)] == "drain" and p.as_int == 1
                                for b in list(capture.batches) if b.signal is Signal.METRICS
-                               for m, p, a in iter_points(b.message)), 10)
-        assert collector.component("exporter", "store").force_flush(5)
+                               for m, p, a in iter_points(b.message)), 60)
+        assert collector.component("exporter", "store").force_flush(10)
     finally:
         collector.shutdown(10)
     report = build_report(str(store_dir))
@@ -503,5 +508,32 @@ def test_a_withdrawn_verdict_no_longer_counts_against_its_devices(tmp_path):
             if body is record:
                 assert counts["node:h2"]["failures"] == 1
         assert counts == {}
+    finally:
+        store.shutdown(5)
+
+
+def test_a_node_failing_for_the_third_time_with_different_gpus_is_the_recurring_culprit(tmp_path):
+    services: dict = {}
+    store = _store(tmp_path, services)
+    try:
+        now = [time.time()]
+        proc, _ = _health(lambda: now[0], services=services, store=store)
+        attribution = _attribution(services, store)
+        records = []
+        for n, (job, gpu) in enumerate((("a", "GPU-a"), ("b", "GPU-b"), ("c", None))):
+            now[0] += 600
+            record = _failure(f"job-{job}", now[0], gpu, host="node-z", cause=F.RootCause.NIC_LINK_DOWN)
+            attribution._publish(record)
+            records.append(record)
+            assert store.force_flush(5)
+        assert [("recurring_culprit" in r.details) for r in records] == [False, False, True]
+        rec = records[-1].details["recurring_culprit"]
+        assert rec["device_id"] == "node:node-z" and rec["failures"] == 3
+        assert rec["jobs"] == ["job-a", "job-b", "job-c"]
+        assert records[-1].confidence == pytest.approx(0.9)  # infrastructure cause, recurring: +0.1
+        now[0] += 61
+        proc.engine.device(H.DeviceKind.NODE, "node-z", now[0])
+        proc.evaluate()
+        assert _states(proc)["node:node-z"] == "drain"
     finally:
         store.shutdown(5)

@@ -37,7 +37,7 @@ def _get(port: int) -> bytes:
 
 def test_otlp_http_receiver_and_prometheus_exporter_share_one_server():
     collector = Collector(load_text("""
-receivers: {otlp: {protocols: {http: {endpoint: "127.0.0.1:0", read_timeout_s: 7}}}}
+receivers: {otlp: {protocols: {http: {endpoint: "127.0.0.1:0", read_timeout: 7s}}}}
 exporters: {prometheus: {endpoint: "127.0.0.1:0"}}
 service: {pipelines: {metrics: {receivers: [otlp], exporters: [prometheus]}}}
 """))

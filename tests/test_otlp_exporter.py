@@ -39,7 +39,7 @@ def spans(n: int, tag: str = "s") -> Batch:
     ss = rs.scope_spans.add()
     for i in range(n):
         span = ss.spans.add()
-        span.name, span.trace_id, span.span_id = f"{tag}{i}", b"\1" * 16, i.to_bytes(8, "big")
+        span.name, span.trace_id, span.span_id = f"{tag}{i}", b"\1" * 16, (i + 1).to_bytes(8, "big")
     return Batch.from_bytes(Signal.TRACES, req.SerializeToString())
 
 

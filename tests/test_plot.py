@@ -140,7 +140,7 @@ def test_text_report_has_a_one_line_timeline_per_job(store):
     folder, history, _ = store
     code, out, _ = _report("--store", str(folder))
     assert code == 0
-    line = next(ln.strip() for ln in out.splitlines() if ln.strip().startswith("[") and ln.strip().endswith("]"))
+    line = next(t.strip() for t in out.splitlines() if t.strip().startswith("[") and t.strip().endswith("]"))
     assert line[1] == "s" and "#" in line and "H" in line and "!" in line and "|" in line
     assert line.index("s") < line.index("#") < line.index("!") < line.index("|")
     assert "timeline: # productive" in out

@@ -5,7 +5,7 @@ keeps), and marks each device ``healthy``, ``watch`` or ``drain`` by transparent
 and since when. Put it in the metrics and logs pipelines, after the receivers::
 
     processors:
-      health: {sample_interval_s: 10}
+      health: {sample_interval: 1m}
     service:
       pipelines:
         metrics: {receivers: [nvml, nic], processors: [health], exporters: [prometheus]}

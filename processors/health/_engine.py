@@ -346,8 +346,8 @@ class HealthEngine:
                 out.append(RuleHit(rule, state, f"XID {codes} ({len(recent)}x, last @{recent[-1][0]:.0f})"))
         if f.get("remap_pending") or f.get("retired_pending"):
             which = "row remap" if f.get("remap_pending") else "page retirement"
-            out.append(RuleHit("remap_pending", _W, f"{which} pending (GPU reset needed) since "
-                                                    f"@{since.get('remap_pending', since.get('retired_pending', t)):.0f}"))
+            when = since.get("remap_pending", since.get("retired_pending", t))
+            out.append(RuleHit("remap_pending", _W, f"{which} pending (GPU reset needed) since @{when:.0f}"))
         self._new_since_warmup(dev, "retired_pages", "retired_pages", "pages retired", _W, t, out)
         self._new_since_warmup(dev, "remapped_rows_uncorrectable", "remapped_rows", "rows remapped (uncorrectable)",
                                _W, t, out)

@@ -2,9 +2,9 @@
 
 Example:
     >>> from otel_gpu.config import build
-    >>> cfg = build(HealthConfig, {"sample_interval_s": 5}, "processors.health")
-    >>> cfg.sample_interval_s, cfg.short_window_s
-    (5.0, 900.0)
+    >>> cfg = build(HealthConfig, {"sample_interval": "5s", "clear_after": "2h"}, "processors.health")
+    >>> cfg.sample_interval_s, cfg.clear_after_s, cfg.short_window_s
+    (5.0, 7200.0, 900.0)
 """
 from __future__ import annotations
 
@@ -52,8 +52,8 @@ class HealthConfig:
     max_devices: int = 20_000
 
     def validate(self) -> None:
-        for key in ("sample_interval_s", "nvlink_sample_interval_s", "evaluate_interval_s", "short_window_s", "baseline_half_life_s",
-                    "watch_factor", "drain_factor", "recurrence_window_s"):
+        for key in ("sample_interval_s", "nvlink_sample_interval_s", "evaluate_interval_s", "short_window_s",
+                    "baseline_half_life_s", "watch_factor", "drain_factor", "recurrence_window_s"):
             value = getattr(self, key)
             if not value > 0:
                 raise ValueError(f"{key} must be > 0 (got {value})")

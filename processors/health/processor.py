@@ -37,6 +37,7 @@ _SERIAL = next((str(a) for a in vars(I).values() if getattr(a, "name", None) == 
 _ERROR_TYPE, _ECC_COUNTER, _REMAP_KIND = str(G.ERROR_TYPE), str(G.ECC_COUNTER), str(G.REMAP_KIND)
 _LINK, _REASON, _XID_CODE = str(G.NVLINK_LINK), str(G.CLOCK_EVENT_REASON), str(G.XID_CODE)
 _NIC_DEVICE, _NIC_PORT, _NIC_COUNTER = str(N.DEVICE), str(N.PORT), str(N.COUNTER)
+_HW_TYPE = str(I.HW_TYPE)
 
 _HW_THROTTLE = frozenset(r.value for r in (G.ClockEventReason.HW_SLOWDOWN, G.ClockEventReason.HW_THERMAL_SLOWDOWN,
                                             G.ClockEventReason.HW_POWER_BRAKE_SLOWDOWN))
@@ -222,8 +223,13 @@ class HealthProcessor(Processor):
                 continue
             points = getattr(m, kind).data_points
             if name in _GPU_METRICS:
+                nic_points = []
                 for p in points:
                     a = {kv.key: kv.value for kv in p.attributes}
+                    hw_type = a.get(_HW_TYPE)
+                    if hw_type is not None and hw_type.string_value == "network":  # hw.errors is the NICs' too
+                        nic_points.append(p)
+                        continue
                     uuid = a.get(_UUID)
                     if uuid is None:
                         continue
@@ -237,7 +243,8 @@ class HealthProcessor(Processor):
                         if _SERIAL is not None and _SERIAL in a:
                             acc.serial = a[_SERIAL].string_value or None
                     self._gpu_point(name, p, a, acc)
-            else:
+                points = nic_points
+            if name in _NIC_METRICS:
                 for p in points:
                     a = {kv.key: kv.value for kv in p.attributes}
                     dev = a.get(_NIC_DEVICE)
@@ -245,10 +252,11 @@ class HealthProcessor(Processor):
                         continue
                     port_no = a.get(_NIC_PORT)
                     port = dev.string_value if port_no is None else f"{dev.string_value}/{port_no.int_value}"
-                    if name == N.ETH_UP.name:
-                        ups[port] = _num(p)
+                    if name == N.ETH_UP.name:  # hw.network.up: InfiniBand ports count flaps in link_downed
+                        if port_no is None:
+                            ups[port] = _num(p)
                         continue
-                    counter = a.get(_NIC_COUNTER)
+                    counter = a.get(_ERROR_TYPE) or a.get(_NIC_COUNTER)
                     counter = counter.string_value if counter is not None else ""
                     if counter == _FLAPS or counter in _NIC_ERROR_COUNTERS:
                         c = ports.setdefault(port, {})
