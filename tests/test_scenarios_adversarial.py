@@ -1,7 +1,7 @@
 """A seeded subset of the adversarial suite (issue 10), end to end: real 4-rank gloo jobs under ``otel-gpu run --
 torchrun``, a real collector with the fake NVML / fake sysfs started dirty (a second IB port and ifb0/docker0 down
-since boot, the power cap on, an old application XID; background error counts with OTEL_GPU_SUITE_DIRT=all), the
-culprit drawn from every rank (0 included), hardware evidence before, with or after the symptom. The verdicts are read from the store, as a user does.
+since boot, the power cap on, background error counts, an old application XID), the culprit drawn from every rank
+(0 included), hardware evidence before, with or after the symptom. The verdicts are read from the store, as a user does.
 
 Each CI run draws ``OTEL_GPU_SUITE_CASES`` (default 2) cases from the CI pool with a printed seed
 (``OTEL_GPU_TEST_SEED`` replays one); the whole suite with its confusion matrix is
@@ -18,10 +18,7 @@ from otel_gpu.testing.scenarios import SCENARIOS
 from otel_gpu.testing.scenarios.runner import WORLD, Case, Dirt, draw_cases, run_case
 
 _SEED = int(os.environ.get("OTEL_GPU_TEST_SEED") or random.randrange(1 << 30))
-# Every kind of dirt but background error counts: those still make the engine blame the NIC when its history is
-# shorter than window + 30 s (tests/test_scenarios_findings.py pins that deterministically, xfail until fixed; the
-# benchmark draws them too). Set OTEL_GPU_SUITE_DIRT=all to include them here.
-CI_DIRT = Dirt.all() if os.environ.get("OTEL_GPU_SUITE_DIRT") == "all" else Dirt(True, True, False, True)
+CI_DIRT = Dirt.all()  # every kind of dirt at once: ports down since boot, power cap, background counts, old XID
 _N = int(os.environ.get("OTEL_GPU_SUITE_CASES", "2"))
 POOL = [name for name, s in SCENARIOS.items() if s.ci]
 

@@ -1,5 +1,6 @@
 """What the adversarial suite found, pinned as deterministic engine cases (synthetic observations, no processes), so
-that a fix is proven in seconds and never regresses. Each case names the suite run that found it.
+that a fix is proven in seconds and never regresses. Each case names the suite run that found it. Both were fixed in
+attr-engine's ce43b88 (no background known: only a burst counts; strength before onset).
 """
 from __future__ import annotations
 
