@@ -70,3 +70,21 @@ def test_a_link_that_went_down_beats_a_background_trickle_that_began_earlier():
     symptom = T0 + 34.5
     best = strongest(ev.nic_faults("node-a", symptom, job_start=T0 + 5))
     assert best is not None and best.cause.value == "nic_link_down" and best.port == "mlx5_0/1", best
+
+
+def test_an_old_application_xid_does_not_make_a_double_bit_ecc_error_mere_cleanup():
+    """Found by `benchmarks/attribution_suite.py --runs 6 --only xid79 ecc_dbe nic_down straggler two_failures
+    os_exit --seed 20261203` run 6 (ecc_dbe on rank 2, an old XID 13 from no rank of the job 23 s before, XID 48 and
+    the DBE counter 0.5 s after the CUDA error): crash/gpu_xid (xid 13, "gpu.xid.later=48") instead of
+    crash/gpu_ecc_uncorrectable. The earliest XID of a burst is the cause only within a burst; an application XID
+    that matches no rank's pid and came long before is no part of it."""
+    from otel_gpu.processors.attribution._observations import GpuSample, XidSeen
+
+    ev = DeviceEvidence()
+    rank2 = Identity("job-1", 2, host="node-a", pid=2002, local_rank=2, world_size=WORLD, gpu="2")
+    for i in range(30):
+        ev.observe_gpu(GpuSample("node-a", "2", T0 + i, counters={"ecc_uncorrected": 0 if i < 24 else 1}))
+    ev.observe_xid(XidSeen("node-a", "2", 13, T0 + 0.5))  # an earlier job's graphics exception, no pid
+    ev.observe_xid(XidSeen("node-a", "2", 48, T0 + 23.9))
+    best = strongest(ev.gpu_faults(rank2, T0 + 23.4))
+    assert best is not None and best.cause.value == "gpu_ecc_uncorrectable", best
