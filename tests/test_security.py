@@ -569,7 +569,8 @@ def test_helm_chart_security_settings(monkeypatch):
     assert link["auth"] == {"bearer_token_file": "/var/run/secrets/otel-gpu/token/token"}
     for cfg in (agg_cfg, agent_cfg):
         assert cfg["processors"]["memory_limiter"]["limit_percentage"] == 80
-        assert all(p["processors"] == ["memory_limiter"] for p in cfg["service"]["pipelines"].values())
+        # the memory limiter comes first in every pipeline (the aggregator's add attribution and goodput after it)
+        assert all(p["processors"][0] == "memory_limiter" for p in cfg["service"]["pipelines"].values())
         load_text(yaml.safe_dump(cfg))  # our validator takes it (secret files are read at start, not here)
     for kind, name in (("Deployment", agg_name), ("DaemonSet", agent_name)):
         pod = one(manifests, kind, name)["spec"]["template"]["spec"]
@@ -592,7 +593,7 @@ def test_helm_chart_security_settings(monkeypatch):
     assert "tls" not in agg_cfg["receivers"]["otlp"]["grpc"] and "memory_limiter" in agg_cfg["processors"]
     manifests, _ = render({"memoryLimiter": {"enabled": False}})
     agent_cfg = yaml.safe_load(one(manifests, "ConfigMap", agent_name)["data"]["config.yaml"])
-    assert not agent_cfg.get("processors")
+    assert "memory_limiter" not in agent_cfg.get("processors", {})  # attribution and goodput stay
 
 
 def test_opentelemetry_sdk_exporters_with_tls_and_token(pki, tmp_path, monkeypatch):

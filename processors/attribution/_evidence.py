@@ -108,6 +108,7 @@ _MIN_RISE_DEFAULT = 3.0
 _BACKGROUND_FACTOR = 4.0  # a rise must exceed this many times what the background rate predicts
 _MIN_HISTORY_S = 30.0  # a background rate needs this much history before the window
 _MIN_BURST_HISTORY_S = 10.0  # else: the rate from the first sample to where the rise began, with this much
+_XID_BURST_GAP_S = 5.0  # XIDs closer than this to the previous one belong to its burst
 _BURST_STEP = 10.0  # with no background known, an error counter counts only when one poll adds this many
 _JOB_START_SLACK_S = 5.0  # the collector hears of a job this long after it started, at most (its first heartbeat)
 
@@ -365,6 +366,17 @@ class DeviceEvidence:
         if not candidates:
             return None
         candidates.sort(key=lambda c: c[0].time)
+        # The earliest XID of a burst is the cause; XIDs seconds apart are separate events, and the burst nearest
+        # the symptom is the one that caused it (an earlier job's application XID 23 s before is no part of an
+        # XID 48 burst at the symptom).
+        bursts: list[list[tuple[XidSeen, bool]]] = []
+        for c in candidates:
+            if bursts and c[0].time - bursts[-1][-1][0].time <= _XID_BURST_GAP_S:
+                bursts[-1].append(c)
+            else:
+                bursts.append([c])
+        candidates = min(bursts, key=lambda b: (max(0.0, b[0][0].time - symptom, symptom - b[-1][0].time),
+                                                -b[0][0].time))
         first, by_pid = candidates[0]
         if first.code == _XID_CLEANUP and len(candidates) > 1:
             first, by_pid = candidates[1]  # 45 cleans up after another XID: that one is the cause

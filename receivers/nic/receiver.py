@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import fnmatch
 import logging
+import math
 import os
 import socket
 import threading
@@ -138,7 +139,10 @@ class CounterTracker:
                 return None
         self.cumulative = raw + self.offset
         dt = t - last_t
-        return delta / dt if dt > 0 else None
+        if dt <= 0:
+            return None
+        rate = delta / dt
+        return rate if math.isfinite(rate) else None  # a vanishing step (dt ~ 1e-300) is no reading of a rate
 
 
 @dataclass
