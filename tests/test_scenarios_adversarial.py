@@ -1,7 +1,7 @@
 """A seeded subset of the adversarial suite (issue 10), end to end: real 4-rank gloo jobs under ``otel-gpu run --
 torchrun``, a real collector with the fake NVML / fake sysfs started dirty (a second IB port and ifb0/docker0 down
-since boot, the power cap on, background error counts, an old application XID), the culprit drawn from every rank (0
-included), hardware evidence before, with or after the symptom. The verdicts are read from the store, as a user does.
+since boot, the power cap on, background error counts, an old application XID), the culprit drawn from every rank
+(0 included), hardware evidence before, with or after the symptom. The verdicts are read from the store, as a user does.
 
 Each CI run draws ``OTEL_GPU_SUITE_CASES`` (default 2) cases from the CI pool with a printed seed
 (``OTEL_GPU_TEST_SEED`` replays one); the whole suite with its confusion matrix is
@@ -18,6 +18,7 @@ from otel_gpu.testing.scenarios import SCENARIOS
 from otel_gpu.testing.scenarios.runner import WORLD, Case, Dirt, draw_cases, run_case
 
 _SEED = int(os.environ.get("OTEL_GPU_TEST_SEED") or random.randrange(1 << 30))
+CI_DIRT = Dirt.all()  # every kind of dirt at once: ports down since boot, power cap, background counts, old XID
 _N = int(os.environ.get("OTEL_GPU_SUITE_CASES", "2"))
 POOL = [name for name, s in SCENARIOS.items() if s.ci]
 
@@ -31,7 +32,7 @@ def _ci_cases() -> list[Case]:
         rank = s.fixed_rank if s.fixed_rank is not None else rng.randrange(WORLD)
         second = (rank + 1 + rng.randrange(WORLD - 1)) % WORLD if any(e.who == "k2" for e in s.also) else None
         lag = rng.choice([-1.5, 0.0, 3.0]) if s.hardware else -1.5
-        cases.append(Case(s, rank, second, Dirt.all(), lag))
+        cases.append(Case(s, rank, second, CI_DIRT, lag))
     return cases
 
 
