@@ -42,7 +42,8 @@ def test_top_level_help_has_examples():
 
 def test_run_help_shows_the_double_dash_form_the_default_endpoint_and_the_environment():
     text = _help("run")
-    assert "usage: otel-gpu run [--endpoint URL] -- CMD [ARG ...]" in text
+    assert ("usage: otel-gpu run [--endpoint URL] [--restart {never,auto,always}] [--policy FILE] -- CMD [ARG ...]"
+            in text)
     assert "http://127.0.0.1:4317" in " ".join(text.split())
     for var in ("OTEL_GPU_AUTO", "OTEL_GPU_JOB_ID", "OTEL_GPU_REGISTRY", "OTEL_EXPORTER_OTLP_ENDPOINT", "PYTHONPATH"):
         assert var in text
