@@ -1,4 +1,4 @@
-"""The aggregator role (DESIGN section 5): node sidecars forward compact per-rank records to the job's aggregator.
+"""The aggregator role (docs/scale.md): node sidecars forward compact per-rank records to the job's aggregator.
 
 - The example configs (docs/examples/sidecar.yaml, aggregator.yaml) load with our config loader.
 - The compact processor keeps heartbeats and step records, drops collective spans, and never changes the batch that

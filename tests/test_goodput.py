@@ -121,7 +121,7 @@ def _timelines(draw):
     return events
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow], phases=_NO_LONG_SHRINK)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow], phases=_NO_LONG_SHRINK)
 @given(_timelines())
 def test_buckets_and_productive_time_add_up_to_wall_time_per_job_and_per_incarnation(events):
     job = JobLedger("j", events[0][1], events[0][1])

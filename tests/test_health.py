@@ -510,3 +510,30 @@ def test_a_withdrawn_verdict_no_longer_counts_against_its_devices(tmp_path):
         assert counts == {}
     finally:
         store.shutdown(5)
+
+
+def test_a_node_failing_for_the_third_time_with_different_gpus_is_the_recurring_culprit(tmp_path):
+    services: dict = {}
+    store = _store(tmp_path, services)
+    try:
+        now = [time.time()]
+        proc, _ = _health(lambda: now[0], services=services, store=store)
+        attribution = _attribution(services, store)
+        records = []
+        for n, (job, gpu) in enumerate((("a", "GPU-a"), ("b", "GPU-b"), ("c", None))):
+            now[0] += 600
+            record = _failure(f"job-{job}", now[0], gpu, host="node-z", cause=F.RootCause.NIC_LINK_DOWN)
+            attribution._publish(record)
+            records.append(record)
+            assert store.force_flush(5)
+        assert [("recurring_culprit" in r.details) for r in records] == [False, False, True]
+        rec = records[-1].details["recurring_culprit"]
+        assert rec["device_id"] == "node:node-z" and rec["failures"] == 3
+        assert rec["jobs"] == ["job-a", "job-b", "job-c"]
+        assert records[-1].confidence == pytest.approx(0.9)  # infrastructure cause, recurring: +0.1
+        now[0] += 61
+        proc.engine.device(H.DeviceKind.NODE, "node-z", now[0])
+        proc.evaluate()
+        assert _states(proc)["node:node-z"] == "drain"
+    finally:
+        store.shutdown(5)
