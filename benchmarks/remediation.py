@@ -19,6 +19,23 @@ processor) is measured the same way; only the restart logic differs:
 The gloo timeout (``--gloo-timeout-s``, default 120 s) stands in for PyTorch's default (1800 s for gloo, 600 s for
 NCCL), which a benchmark cannot wait for: with the default the baseline's hang case takes ~30 min longer.
 
+Measured (2026-12-03, ``python benchmarks/remediation.py``, 2 CPU cores shared with other jobs, load average 10-50:
+start-up of one 2-rank incarnation took 10-60 s; restarts counted from every launch, one that failed in gloo's
+rendezvous included):
+
+| fault | side | outcome | wall time | restarts spent | ETTR |
+|---|---|---|---|---|---|
+| sigkill | torchrun --max-restarts 3 | completed | 271.1 s | 1 | 1.4% |
+| sigkill | otel-gpu run --restart auto | completed | 284.9 s | 1 | 17.6% |
+| exception | torchrun --max-restarts 3 | gave up (exit 1) | 864.5 s | 3 | 2.5% |
+| exception | otel-gpu run --restart auto | gave up (exit 1) | 41.6 s | 0 | 54.7% |
+| hang | torchrun --max-restarts 3 | completed | 195.3 s | 2 | 8.2% |
+| hang | otel-gpu run --restart auto | completed | 65.7 s | 1 | 11.2% |
+
+An earlier run at lower load (before the start-up stall fix): sigkill 128.7 s vs 73.4 s, exception 247.1 s vs 38.4 s.
+The ETTR of the torchrun sigkill case is low because the goodput ledger counted 26.9 s as progress lost (the
+wasted-progress figure depends on the order the ranks' spans arrive in; see the issue note).
+
 Usage::
 
     python benchmarks/remediation.py                       # all three faults, both sides (~10 min on 2 busy cores)
