@@ -99,7 +99,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from otel_gpu.launcher import run
 
-    return run(list(args.cmd), endpoint=args.endpoint)
+    if args.restart == "never" and not args.policy and args.max_restarts is None and args.restart_window is None:
+        return run(list(args.cmd), endpoint=args.endpoint, job_id=args.job_id)
+    from otel_gpu.supervisor.cli import run_supervised
+
+    return run_supervised(args)
 
 
 def _not_yet(name: str, issue: str):
@@ -127,15 +131,18 @@ _EXAMPLES = {
   OTEL_GPU_JOB_ID               one job id for all processes (yours if set, else a new one; printed at start)
   OTEL_GPU_REGISTRY             a folder where processes note their pid, rank and how they ended
   OTEL_EXPORTER_OTLP_ENDPOINT   --endpoint, when given (other OTEL_* variables pass through unchanged)
+  OTEL_GPU_RESTART_COUNT        with --restart: the restarts so far (each incarnation counts one higher)
 
 examples:
   otel-gpu run -- torchrun --standalone --nproc-per-node 4 train.py --epochs 3
   otel-gpu run --endpoint http://collector.example:4317 -- python train.py
+  otel-gpu run --restart auto --max-restarts 3 -- torchrun --nproc-per-node 8 --max-restarts 0 train.py
   otel-gpu report --job <the job id printed at start>""",
     "demo": """examples:
   otel-gpu demo                                       # a hang on a random rank
   otel-gpu demo --list
-  otel-gpu demo --scenario crash --rank 0""",
+  otel-gpu demo --scenario crash --rank 0
+  otel-gpu demo --scenario restart                    # killed once, restarted by otel-gpu run --restart auto""",
 }
 
 
@@ -175,14 +182,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("run", help="launch a training command with auto-instrumentation", formatter_class=fmt,
-                       usage="otel-gpu run [--endpoint URL] -- CMD [ARG ...]",
+                       usage="otel-gpu run [--endpoint URL] [--restart {never,auto,always}] [--policy FILE] "
+                             "-- CMD [ARG ...]",
                        description="Run CMD (e.g. torchrun ...) with every Python process it starts instrumented,\n"
                                    "and report how each of them ended. Put `--` before CMD so that its options are\n"
-                                   "not read as otel-gpu's.",
+                                   "not read as otel-gpu's. With --restart auto, act on the collector's verdict\n"
+                                   "(restart, exclude the culprit, or stop with the diagnosis): docs/restart.md.",
                        epilog=_EXAMPLES["run"])
     p.add_argument("--endpoint", metavar="URL",
                    help="OTLP endpoint of the collector (default: $OTEL_EXPORTER_OTLP_ENDPOINT if set, else "
                         "http://127.0.0.1:4317, the local `otel-gpu collector`)")
+    p.add_argument("--restart", choices=("never", "auto", "always"), default="never",
+                   help="act on the collector's verdict: auto restarts what a restart fixes, excludes the culprit "
+                   "of hardware faults, stops with the diagnosis on user errors; always restarts on any failure; "
+                   "never (default) runs once")
+    p.add_argument("--max-restarts", type=int, metavar="N", help="restart budget per window (default 3)")
+    p.add_argument("--restart-window", metavar="DURATION", help="window of the budget, e.g. 30m, 1h (default 1h)")
+    p.add_argument("--policy", metavar="FILE", help="restart policy YAML (see docs/restart.md)")
+    p.add_argument("--verdict-url", metavar="URL", help="the collector's verdict API (default: the OTLP "
+                   "endpoint's host, port 4319; env OTEL_GPU_VERDICT_ENDPOINT)")
+    p.add_argument("--job-id", metavar="ID", help="job id (default: OTEL_GPU_JOB_ID, else generated)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD [ARG ...]", help="the training command")
     p.set_defaults(func=cmd_run)
 

@@ -25,7 +25,7 @@ import uuid
 
 _logger = logging.getLogger(__name__)
 
-__all__ = ["run", "bootstrap_dir", "launch_env", "ExitWatcher"]
+__all__ = ["run", "bootstrap_dir", "launch_env", "ExitWatcher", "Launch", "resolve_job_id"]
 
 
 def bootstrap_dir() -> str:
@@ -170,6 +170,125 @@ def _int_or_none(value):
         return None
 
 
+class Launch:
+    """One start of CMD with the instrumentation's environment: sends exit records while it runs.
+
+    ``otel-gpu run`` makes one; ``otel-gpu run --restart`` (:mod:`otel_gpu.supervisor`) makes one per incarnation,
+    with ``restart_count`` in the environment (``OTEL_GPU_RESTART_COUNT``) so that the collector re-arms.
+    """
+
+    def __init__(self, cmd: list[str], endpoint: str | None, job_id: str, restart_count: int | None = None,
+                 extra_env: dict[str, str] | None = None, keep_registry: bool = False):
+        from otel_gpu.instrumentation._export import OtlpClient
+        from otel_gpu.instrumentation._identity import Identity
+        from otel_gpu.instrumentation.config import InstrumentationConfig
+        from otel_gpu.schema import training as tr
+
+        self.cmd = cmd
+        self.job_id = job_id
+        self.keep_registry = keep_registry
+        self.registry = tempfile.mkdtemp(prefix="otel-gpu-run-")
+        self.env = launch_env(self.registry, endpoint, job_id)
+        if restart_count is not None:
+            self.env["OTEL_GPU_RESTART_COUNT"] = str(restart_count)
+        self.env.update(extra_env or {})
+        cfg = InstrumentationConfig.from_env(self.env)
+        self.config = cfg
+        self.identity = Identity(job_id, cfg.service_name, {**cfg.resource_attributes,
+                                                            str(tr.PROCESS_ROLE): "launcher"})
+        self.identity.rank = self.identity.local_rank = self.identity.world_size = None
+        if restart_count is not None:
+            self.identity.restart_count = restart_count
+        self.client = OtlpClient(cfg.endpoint, cfg.protocol, cfg.headers, cfg.export_timeout_s)
+        self.watcher = ExitWatcher(self.registry)
+        self.proc: subprocess.Popen | None = None
+        self.rc: int | None = None
+
+    def start(self) -> None:
+        """Starts CMD. Raises OSError when it cannot be started."""
+        self.proc = subprocess.Popen(self.cmd, env=self.env)
+
+    def poll(self, timeout_s: float) -> int | None:
+        """Waits up to ``timeout_s`` for CMD to end, sending the exit records of processes that ended meanwhile;
+        CMD's return code once it ended, else None."""
+        assert self.proc is not None
+        try:
+            self.rc = self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _send(self.client, self.identity, self.watcher.scan())
+            return None
+        return self.rc
+
+    def finish(self) -> None:
+        """After CMD ended: the last exit records. A process that just ended may get its record a moment after its
+        pid is gone (its parent writes it after reaping it): such processes get the grace period before they are
+        called vanished."""
+        assert self.proc is not None and self.rc is not None
+        watcher = self.watcher
+        direct = (self.proc.pid, self.rc)
+        deadline = time.monotonic() + watcher.grace_s
+        _send(self.client, self.identity, watcher.scan(direct=direct))
+        while watcher.pending() and time.monotonic() < deadline:
+            time.sleep(0.1)
+            _send(self.client, self.identity, watcher.scan(direct=direct))
+        _send(self.client, self.identity, watcher.scan(final=True, direct=direct))
+
+    def pids(self) -> set[int]:
+        """Every process of this start that registered (ranks in their own sessions included)."""
+        from otel_gpu.instrumentation import _registry
+
+        procs, _events, _waits = _registry.read(self.registry)
+        return set(procs) | ({self.proc.pid} if self.proc is not None else set())
+
+    def torchelastic_restarts(self) -> int:
+        """The highest TORCHELASTIC_RESTART_COUNT a process of this start registered with (torchrun's own
+        restarts inside one start)."""
+        from otel_gpu.instrumentation import _registry
+
+        procs, _events, _waits = _registry.read(self.registry)
+        return max((_int_or_none(p.get("restart_count")) or 0 for p in procs.values()), default=0)
+
+    def close(self) -> None:
+        self.client.close()
+        if not self.keep_registry:
+            shutil.rmtree(self.registry, ignore_errors=True)
+
+    def print_ends(self, prefix: str = "otel-gpu run") -> None:
+        for rep in self.watcher.reported.values():
+            if rep.get("how") is None:
+                continue
+            if rep.get("code") not in (0, None) or rep.get("signal") or rep["source"] == "vanished":
+                who = f"rank {rep['rank']}" if rep.get("rank") is not None else rep.get("role") or "process"
+                how = rep.get("signal") or (f"exit code {rep['code']}" if rep.get("code") is not None else
+                                            "vanished without an exit record (SIGKILL or os._exit)")
+                print(f"{prefix}: {who} (pid {rep['pid']}) ended: {how}", file=sys.stderr)
+
+    @property
+    def status(self) -> int:
+        """CMD's exit status as a shell reports it (128 + signal when it was killed)."""
+        assert self.rc is not None
+        return self.rc if self.rc >= 0 else 128 - self.rc
+
+
+def resolve_job_id(job_id: str | None = None) -> str:
+    """The job id every process of this run shares (``OTEL_GPU_JOB_ID`` overrides a generated one)."""
+    return job_id or os.environ.get("OTEL_GPU_JOB_ID") or f"job-{uuid.uuid4().hex[:12]}"
+
+
+def forward_signals(target) -> dict:
+    """Forwards SIGTERM/SIGINT/SIGHUP to ``target(signum)`` (main thread only); returns what to restore."""
+    previous = {}
+    if threading_is_main():
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            previous[sig] = signal.signal(sig, lambda signum, _frame: target(signum))
+    return previous
+
+
+def restore_signals(previous: dict) -> None:
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
+
+
 def run(cmd: list[str], endpoint: str | None = None, job_id: str | None = None, poll_s: float = 0.5,
         keep_registry: bool = False) -> int:
     """Runs ``cmd`` instrumented; returns its exit status (128 + signal when it was killed)."""
@@ -178,70 +297,34 @@ def run(cmd: list[str], endpoint: str | None = None, job_id: str | None = None, 
     if not cmd:
         print("otel-gpu run: no command given (usage: otel-gpu run [--endpoint URL] -- CMD ...)", file=sys.stderr)
         return 2
-    from otel_gpu.instrumentation._export import OtlpClient
-    from otel_gpu.instrumentation._identity import Identity
-    from otel_gpu.instrumentation.config import InstrumentationConfig
-    from otel_gpu.schema import training as tr
-
-    job_id = job_id or os.environ.get("OTEL_GPU_JOB_ID") or f"job-{uuid.uuid4().hex[:12]}"
-    registry = tempfile.mkdtemp(prefix="otel-gpu-run-")
-    env = launch_env(registry, endpoint, job_id)
-    cfg = InstrumentationConfig.from_env(env)
-    identity = Identity(job_id, cfg.service_name, {**cfg.resource_attributes, str(tr.PROCESS_ROLE): "launcher"})
-    identity.rank = identity.local_rank = identity.world_size = None
-    client = OtlpClient(cfg.endpoint, cfg.protocol, cfg.headers, cfg.export_timeout_s)
-    watcher = ExitWatcher(registry)
-    print(f"otel-gpu run: job {job_id}; telemetry to {cfg.endpoint} ({cfg.protocol})", file=sys.stderr, flush=True)
+    launch = Launch(cmd, endpoint, resolve_job_id(job_id), keep_registry=keep_registry)
+    print(f"otel-gpu run: job {launch.job_id}; telemetry to {launch.config.endpoint} ({launch.config.protocol})",
+          file=sys.stderr, flush=True)
     try:
-        proc = subprocess.Popen(cmd, env=env)
+        launch.start()
     except OSError as exc:
         print(f"otel-gpu run: cannot start {cmd[0]!r}: {exc}", file=sys.stderr)
-        shutil.rmtree(registry, ignore_errors=True)
+        launch.close()
         return 127
 
-    def _forward(signum, _frame):
+    def _forward(signum):
         try:
-            proc.send_signal(signum)
+            launch.proc.send_signal(signum)
         except OSError:
             pass
 
-    previous = {}
-    if threading_is_main():
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            previous[sig] = signal.signal(sig, _forward)
+    previous = forward_signals(_forward)
     try:
-        while True:
-            try:
-                rc = proc.wait(timeout=poll_s)
-                break
-            except subprocess.TimeoutExpired:
-                _send(client, identity, watcher.scan())
-        # A process that just ended may get its record a moment after its pid is gone (its parent writes it after
-        # reaping it): give such processes the grace period before calling them vanished.
-        direct = (proc.pid, rc)
-        deadline = time.monotonic() + watcher.grace_s
-        _send(client, identity, watcher.scan(direct=direct))
-        while watcher.pending() and time.monotonic() < deadline:
-            time.sleep(0.1)
-            _send(client, identity, watcher.scan(direct=direct))
-        _send(client, identity, watcher.scan(final=True, direct=direct))
+        while launch.poll(poll_s) is None:
+            pass
+        launch.finish()
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        client.close()
-        if not keep_registry:
-            shutil.rmtree(registry, ignore_errors=True)
-    for rep in watcher.reported.values():
-        if rep.get("how") is None:
-            continue
-        if rep.get("code") not in (0, None) or rep.get("signal") or rep["source"] == "vanished":
-            who = f"rank {rep['rank']}" if rep.get("rank") is not None else rep.get("role") or "process"
-            how = rep.get("signal") or (f"exit code {rep['code']}" if rep.get("code") is not None else
-                                        "vanished without an exit record (SIGKILL or os._exit)")
-            print(f"otel-gpu run: {who} (pid {rep['pid']}) ended: {how}", file=sys.stderr)
-    status = rc if rc >= 0 else 128 - rc
-    print(f"otel-gpu run: job {job_id} ended with status {status}; what happened: otel-gpu report --job {job_id}",
-          file=sys.stderr, flush=True)
+        restore_signals(previous)
+        launch.close()
+    launch.print_ends()
+    status = launch.status
+    print(f"otel-gpu run: job {launch.job_id} ended with status {status}; what happened: otel-gpu report --job "
+          f"{launch.job_id}", file=sys.stderr, flush=True)
     return status
 
 

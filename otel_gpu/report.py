@@ -26,7 +26,7 @@ from typing import Any, TextIO
 
 from otel_gpu.exporters.store import db
 
-__all__ = ["build_report", "format_text", "main"]
+__all__ = ["build_report", "format_failure", "format_text", "main"]
 
 _AT_TIME = re.compile(r"^(.*\S)\s+@(\d+(?:\.\d+)?)$")
 _SUMMARY_KEYS = ("summary", "message", "description", "explanation", "title")
@@ -73,13 +73,14 @@ def build_report(store: str, job_id: str | None = None, limit: int | None = 50) 
         goodput = db.goodput(conn, job_id) if job_id is not None else db.latest_goodput(conn)
         jobs = db.jobs(conn, job_id)
         devices = db.device_states(conn, ("drain", "watch"))
+        restarts = db.restarts(conn, job_id if job_id is not None else (goodput or {}).get("job_id"))
         conn.execute("COMMIT")
     finally:
         conn.close()
     from otel_gpu.plot import one_line
 
     lines = {tl.job_id: one_line(tl) for tl in job_timelines(store, [j["job_id"] for j in jobs])}
-    return {"failures": failures, "goodput": goodput, "devices": devices,
+    return {"failures": failures, "goodput": goodput, "devices": devices, "restarts": restarts,
             "jobs": [{**{k: j[k] for k in ("job_id", "first_seen", "last_seen", "ranks", "hosts", "world_size",
                                            "goodput")}, "timeline": lines.get(j["job_id"])} for j in jobs]}
 
@@ -215,6 +216,38 @@ def _failure_lines(record: dict[str, Any]) -> list[str]:
     return lines
 
 
+def format_failure(record: dict[str, Any]) -> str:
+    """One failure as ``otel-gpu report`` prints it (what ``otel-gpu run --restart`` prints when it stops)."""
+    return "\n".join(_failure_lines(record)) + "\n"
+
+
+def _restart_lines(decisions: list[dict[str, Any]]) -> list[str]:
+    """The incarnations of a job on one timeline, from the decisions of ``otel-gpu run --restart``."""
+    if not decisions:
+        return []
+    t0 = _num(decisions[0].get("incarnation_start")) or _num(decisions[0].get("time")) or 0.0
+    lines = [f"incarnations (job {decisions[0].get('job_id')}, times from its first start):"]
+    for d in decisions:
+        start, end = _num(d.get("incarnation_start")), _num(d.get("incarnation_end"))
+        span = f"{(start or t0) - t0:7.1f} s .. {(end or start or t0) - t0:7.1f} s" if start is not None else " " * 20
+        what = d.get("root_cause") or ("completed" if d.get("decision") == "done" else "no verdict")
+        line = f"  #{d.get('incarnation', '?')} {span}  exit {d.get('exit_status')}  {what}"
+        if d.get("action"):
+            line += f" -> {d['action']}"
+        line += f" -> {d.get('decision')}"
+        extras = []
+        if d.get("backoff_s"):
+            extras.append(f"backoff {_seconds(float(d['backoff_s']))}")
+        if d.get("excluded"):
+            extras.append(f"excluded {d['excluded']}")
+        if _num(d.get("time_saved_s")):
+            extras.append(f"saved {_seconds(float(d['time_saved_s']))} vs the backend timeout")
+        if extras:
+            line += " (" + ", ".join(extras) + ")"
+        lines.append(line)
+    return lines
+
+
 def _goodput_lines(goodput: dict[str, Any] | None, title: str = "goodput") -> list[str]:
     if not goodput:
         return [f"{title}: no data"]
@@ -278,6 +311,19 @@ def format_text(report: dict[str, Any]) -> str:
             lines.extend(_failure_lines(record))
         lines.append("")
     lines.extend(_goodput_lines(report["goodput"]))
+    incarnations = (report["goodput"] or {}).get("incarnations") or []
+    if len(incarnations) > 1:
+        lines.append("  per incarnation:")
+        for inc in incarnations:
+            b = inc.get("badput_s") or {}
+            wall_s = _num(inc.get("wall_time_s")) or 0.0
+            lines.append(f"    restart_count {inc.get('restart_count')}: wall {_seconds(wall_s)}, productive {_seconds(_num(inc.get('productive_time_s')) or 0)}, restart gap "
+                         f"{_seconds(_num(b.get('restart_gap')) or 0)}, progress lost since the last checkpoint "
+                         f"{_seconds(_num(b.get('wasted_progress')) or 0)}")
+    restart_lines = _restart_lines(report.get("restarts") or [])
+    if restart_lines:
+        lines.append("")
+        lines.extend(restart_lines)
     device_lines = _device_lines(report.get("devices") or [])
     if device_lines:
         lines.append("")

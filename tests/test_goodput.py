@@ -1,6 +1,7 @@
 """Goodput accounting: where a job's wall time went."""
 from __future__ import annotations
 
+import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
@@ -121,7 +122,7 @@ def _timelines(draw):
     return events
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow], phases=_NO_LONG_SHRINK)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow], phases=_NO_LONG_SHRINK)
 @given(_timelines())
 def test_buckets_and_productive_time_add_up_to_wall_time_per_job_and_per_incarnation(events):
     job = JobLedger("j", events[0][1], events[0][1])
@@ -150,3 +151,26 @@ def test_buckets_and_productive_time_add_up_to_wall_time_per_job_and_per_incarna
         assert all(v >= -1e-6 for v in inc["badput_s"].values()), inc
         assert abs(inc["productive_time_s"] + sum(inc["badput_s"].values()) - inc["wall_time_s"]) < 0.02, inc
     assert s["ettr"] is None or 0.0 <= s["ettr"] <= 1.0
+
+
+def test_wasted_progress_is_what_came_after_the_last_save_in_time_whatever_the_order_spans_arrive_in():
+    """Spans come in batches per rank: a save at step 20 may be seen before steps 11-20 are. Only steps that ended
+    after the save (21-25) are lost when the job fails at step 25 (the demo once showed ETTR 0%)."""
+    for save_first in (True, False):
+        job = JobLedger("j", T0, T0)
+        steps = [(s, T0 + s, T0 + s + 1.0) for s in range(25)]  # step s runs [s, s+1)
+        save = (T0 + 20.0, T0 + 20.0)  # saved between step 19 and step 20
+        if save_first:
+            for s, a, b in steps[:10]:
+                job.step(s, a, b, 0.0, 0.0, 10.0)
+            job.checkpoint("save", save[0], save[1] + 0.001)
+            for s, a, b in steps[10:]:
+                job.step(s, a, b, 0.0, 0.0, 10.0)
+        else:
+            for s, a, b in steps:
+                job.step(s, a, b, 0.0, 0.0, 10.0)
+            job.checkpoint("save", save[0], save[1] + 0.001)
+        job.failure("crash", onset=T0 + 25.0, detected=T0 + 25.5)
+        summary = job.summary(T0 + 26.0)
+        assert summary["badput_s"]["wasted_progress"] == pytest.approx(5.0, abs=0.01), save_first
+        assert summary["productive_time_s"] == pytest.approx(20.0, abs=0.01), save_first

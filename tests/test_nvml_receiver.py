@@ -15,6 +15,7 @@ from otel_gpu import schema
 from otel_gpu.collector.config import load_text
 from otel_gpu.collector.runtime import Collector
 from otel_gpu.config import ConfigError
+from otel_gpu.otlp_build import iter_points, to_python
 from otel_gpu.schema import gpu as G
 from otel_gpu.schema.dcgm import render as render_dcgm
 from otel_gpu.pdata import Signal
@@ -63,10 +64,18 @@ def _fake(tmp_path, scenario: dict, **settings) -> _Running:
 
 
 def _latest(run: _Running, name: str, **match) -> tuple:
-    """The newest point of metric ``name`` whose attributes include ``match``."""
-    for m, dp, attrs, resource in reversed(run.exporter.points(name)):
-        if all(attrs.get(k.replace("__", ".")) == v for k, v in match.items()):
-            return m, dp, attrs, resource
+    """The newest point of metric ``name`` whose attributes include ``match``. Newest batches first, decoding only
+    until found: the receiver polls every 50 ms, and decoding every batch per lookup grew too slow on a busy machine."""
+    for batch in reversed(run.exporter.of(Signal.METRICS)):
+        found = None
+        for rm in batch.message.resource_metrics:
+            single = type(batch.message)()
+            single.resource_metrics.add().CopyFrom(rm)
+            for m, dp, attrs in iter_points(single):
+                if m.name == name and all(attrs.get(k.replace("__", ".")) == v for k, v in match.items()):
+                    found = (m, dp, attrs, {kv.key: to_python(kv.value) for kv in rm.resource.attributes})
+        if found is not None:
+            return found
     return None
 
 

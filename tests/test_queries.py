@@ -69,8 +69,8 @@ def check_value(attr: schema.Attr, op: str, raw: str, where: str) -> None:
 
 
 def exported_failure_span_attributes() -> set[str]:
-    """The attribute keys on the otel_gpu.failure span the attribution processor exports for a record whose culprit
-    is fully known, built by the processor's own code."""
+    """The attribute keys on the otel_gpu.failure span the attribution processor exports for a revised record whose
+    culprit is fully known, built by the processor's own code."""
     pytest.importorskip("otel_gpu.processors.attribution")
     from otel_gpu.processors.attribution import processor as attribution
     from otel_gpu.processors.attribution._record import Culprit, FailureRecord
@@ -79,6 +79,8 @@ def exported_failure_span_attributes() -> set[str]:
                            onset_time=100.0, detected_time=109.0, confidence=0.9,
                            culprit=Culprit(rank=3, host="node-a", gpu=3), evidence=["progress seq=41 @105"],
                            details={"xid": 79})
+    # A revision carries the revision-only attributes too (withdrawn, the root cause it replaced).
+    record.version, record.withdrawn, record.previous_root_cause = 2, True, F.RootCause.UNKNOWN.value
     request = attribution._failure_spans(record)
     (span,) = [s for rs in request.resource_spans for ss in rs.scope_spans for s in ss.spans]
     assert span.name == F.FAILURE_SPAN.name

@@ -30,6 +30,7 @@ BUILTIN: dict[str, dict[str, str]] = {
         "prometheus": "otel_gpu.exporters.prometheus",
         "store": "otel_gpu.exporters.store",
         "debug": "otel_gpu.exporters.debug",
+        "verdict": "otel_gpu.exporters.verdict",
     },
     "extension": {
         "health_check": "otel_gpu.extensions.health_check",

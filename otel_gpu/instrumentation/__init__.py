@@ -106,9 +106,12 @@ def _wrap_batch_isend_irecv(orig):
 def _wrap_init_process_group(orig):
     @functools.wraps(orig)
     def init_process_group(*args, **kwargs):
-        result = orig(*args, **kwargs)
         from otel_gpu.instrumentation import _runtime
 
+        rt = _runtime.current()
+        if rt is not None:
+            rt.on_process_group_init()
+        result = orig(*args, **kwargs)  # if it raises, the process is failing anyway: no stall to report
         rt = _runtime.current()
         if rt is not None:
             try:

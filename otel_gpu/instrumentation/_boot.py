@@ -42,7 +42,8 @@ def boot() -> None:
     agent = is_torchrun_agent(argv[1:] if argv and "python" in os.path.basename(argv[0]) else argv)
     if folder and os.path.isdir(folder):
         _registry.write_proc(folder, {"pid": os.getpid(), "ppid": os.getppid(), "role": "agent" if agent else
-                                      "python", "rank": os.environ.get("RANK"), "argv": argv[:8]})
+                                      "python", "rank": os.environ.get("RANK"), "argv": argv[:8],
+                                      "restart_count": os.environ.get("TORCHELASTIC_RESTART_COUNT")})
     if agent or os.environ.get("OTEL_GPU_AUTO_SKIP") == "1":
         return
     if "torch" in sys.modules:

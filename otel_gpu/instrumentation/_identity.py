@@ -49,6 +49,13 @@ def job_id_from_env(explicit: str | None = None) -> str:
     return job
 
 
+def restart_count_from_env() -> int | None:
+    """torchrun's restart count plus ``otel-gpu run --restart``'s (OTEL_GPU_RESTART_COUNT: the restarts of the whole
+    command so far, torchrun's own restarts in earlier starts included), so every incarnation counts higher."""
+    ours, torch_count = _int_env("OTEL_GPU_RESTART_COUNT"), _int_env("TORCHELASTIC_RESTART_COUNT")
+    if ours is None and torch_count is None:
+        return None
+    return (ours or 0) + (torch_count or 0)
 DEFAULT_SERVICE_NAME = "otel-gpu-training"
 
 
@@ -113,7 +120,7 @@ class Identity:
         self.rank = _int_env("RANK")
         self.local_rank = _int_env("LOCAL_RANK")
         self.world_size = _int_env("WORLD_SIZE")
-        self.restart_count = _int_env("TORCHELASTIC_RESTART_COUNT")
+        self.restart_count = restart_count_from_env()
         self.host = (self.extra.get(str(ids.HOST_NAME)) or self.extra.get("k8s.node.name")
                      or socket.gethostname())
         self.pid = os.getpid()

@@ -145,6 +145,9 @@ class Runtime:
         self.counters = collections.Counter()
         self._last_progress_marker = None
         self._last_progress_ns = time.time_ns()
+        # A rank of a multi-rank job (WORLD_SIZE > 1) is starting up until its process group exists: imports and the
+        # rendezvous with peers that still start are not a stall (under load they outlast the hang timeout).
+        self._in_pg_init = (os.environ.get("WORLD_SIZE") or "1").strip() not in ("", "0", "1")
         self._last_record_end_ns = 0
         self._stacks_sent_for = None
         self._exit_info: dict | None = None
@@ -214,7 +217,14 @@ class Runtime:
         return ok
 
     # ---------------------------------------------------------------- identity / registry
+    def on_process_group_init(self) -> None:
+        self._in_pg_init = True  # waiting in the rendezvous for peers that still start is not a stall
+
     def on_process_group_created(self) -> None:
+        # Start-up (imports, rendezvous with ranks that are still starting) is not a stall: under load it can take
+        # longer than the hang timeout, and a hang named then would take the incarnation's one terminal verdict.
+        self._in_pg_init = False
+        self._last_progress_ns = time.time_ns()
         NS["_dpg"] = None
         if not self._steps_done:
             self._step_t0 = time.time_ns()  # step 1 starts once the job is set up, not at import time
@@ -724,6 +734,8 @@ class Runtime:
             if cur is not None:
                 t = max(t or 0, cur[3])
             self._last_progress_ns = t or now
+        if self._in_pg_init:
+            self._last_progress_ns = now
         stalled_s = (now - self._last_progress_ns) / 1e9
         if stalled_s >= self.cfg.heartbeat_s and self.fr_enabled:
             self.poll_flight_recorder(stalled=True)  # a C++ collective may be what we are stuck in

@@ -91,6 +91,13 @@ SIGNAL_EVENT = event("otel_gpu.signal", "A training process received SIGTERM/SIG
 EXIT_EVENT = event("otel_gpu.process.exit", "A process launched by `otel-gpu run` (or a rank, atexit) ended.",
                    group=_G, attributes=(JOB_ID, RANK, EXIT_CODE, EXIT_SIGNAL))
 
+RESTART_EVENT = event("otel_gpu.restart.decision", "What `otel-gpu run --restart` decided after a failure of the job "
+                      "(restart, exclude and restart, stop with the diagnosis, give up: budget spent) and why.",
+                      group=_G, attributes=(JOB_ID,),
+                      body="{job_id, incarnation, restart_count, time, trigger, exit_status, failure_id, root_cause, "
+                           "action, decision, reason, backoff_s, restarts_in_window, excluded, time_saved_s, "
+                           "incarnation_start, incarnation_end}")
+
 STEP_DURATION = metric("otel_gpu.step.duration", MetricType.GAUGE, "s", "Duration of the latest step, per rank.",
                        group=_G)
 COLLECTIVE_DURATION = metric("otel_gpu.collective.duration", MetricType.HISTOGRAM, "s",

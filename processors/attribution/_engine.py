@@ -196,7 +196,7 @@ class Engine:
             return False
         rank_no = next(n for n, f in found if f is fault)
         rank = job.ranks[rank_no]
-        before = finding.summary
+        before = finding.summary.replace(", with no hardware signal", "")
         finding.cause, finding.fault = fault.cause, fault
         finding.onset = min(finding.onset, fault.onset)
         finding.rank, finding.host, finding.gpu = rank_no, fault.host, fault.gpu

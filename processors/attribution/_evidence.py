@@ -107,6 +107,8 @@ _MIN_RISE = {"ecc_uncorrected": 1.0, "row_remap_failure": 1.0, "link_downed": 1.
 _MIN_RISE_DEFAULT = 3.0
 _BACKGROUND_FACTOR = 4.0  # a rise must exceed this many times what the background rate predicts
 _MIN_HISTORY_S = 30.0  # a background rate needs this much history before the window
+_MIN_BURST_HISTORY_S = 10.0  # else: the rate from the first sample to where the rise began, with this much
+_BURST_STEP = 10.0  # with no background known, an error counter counts only when one poll adds this many
 _JOB_START_SLACK_S = 5.0  # the collector hears of a job this long after it started, at most (its first heartbeat)
 
 
@@ -154,13 +156,33 @@ class Series:
         total, _ = self.rise(self.first_time, before)
         return total / (before - self.first_time)
 
+    def biggest_step(self, start: float, end: float) -> float:
+        out, prev = 0.0, None
+        for t, v in self.points:
+            if prev is not None and start <= t <= end:
+                out = max(out, v - prev if v >= prev else v)
+            prev = v
+        return out
+
     def fault_rise(self, name: str, window_start: float, window_end: float) -> tuple[float, float] | None:
-        """(rise, when it began) when the rise in the window is above the minimum and the background, else None."""
+        """(rise, when it began) when the rise in the window is above the minimum and the background, else None.
+
+        The background is the counter's rate before the window (30 s of history at least), else its rate from its
+        first sample to where the rise began (10 s at least). With neither (a fresh collector, a node-agent restart,
+        a trickle since the first sample), an error counter's rise counts only as a burst: one poll adding
+        ``_BURST_STEP`` or more; a single uncorrectable ECC error or link drop is a fact at any time."""
         total, first = self.rise(window_start, window_end)
-        if first is None or total < _MIN_RISE.get(name, _MIN_RISE_DEFAULT):
+        minimum = _MIN_RISE.get(name, _MIN_RISE_DEFAULT)
+        if first is None or total < minimum:
             return None
         background = self.background_per_s(window_start)
-        if background is not None and total <= _BACKGROUND_FACTOR * background * (window_end - window_start):
+        if background is None and self.first_time is not None and first - self.first_time >= _MIN_BURST_HISTORY_S:
+            before, _ = self.rise(self.first_time, first - 1e-9)
+            background = before / (first - self.first_time)
+        if background is not None:
+            if total <= _BACKGROUND_FACTOR * background * (window_end - window_start):
+                return None
+        elif name not in _MIN_RISE and self.biggest_step(window_start, window_end) < _BURST_STEP:
             return None
         return total, first
 
@@ -388,7 +410,8 @@ class DeviceEvidence:
         that were up when the job started (a port never seen up is not the job's)."""
         ports = list(self.ports.get(host, {}).values())
         if ifaces:
-            named = [p for p in ports if p.port in ifaces or p.device in ifaces]
+            # NCCL matches interface names by prefix ("eth" is eth0, eth1...; "=eth0" exactly, stripped here).
+            named = [p for p in ports if p.port in ifaces or any(p.device.startswith(n) for n in ifaces)]
             if named:
                 return named
         out = []
@@ -443,7 +466,9 @@ class DeviceEvidence:
 
 
 def strongest(faults: list[Fault]) -> Fault | None:
-    """The fault that explains an incident: hardware before software XIDs, then the earliest, then the strongest."""
+    """The fault that explains an incident: hardware before software XIDs, then the strongest evidence (a transition
+    or a pid-matched XID before a rate rise: an error trickle that began earlier never outranks a link that went
+    down), then the earliest."""
     if not faults:
         return None
-    return min(faults, key=lambda f: (not f.hardware, f.onset, -f.strength))
+    return min(faults, key=lambda f: (not f.hardware, -f.strength, f.onset))

@@ -9,8 +9,9 @@ by more than half the excess and more than twice any other rank's growth is the 
 slowdown clock event, NVLink or PCIe errors rising above background, NIC errors) explains it. A slowdown ends when the
 last ``slowdown_confirm`` steps are fast again; a later one is a new record.
 
-A blocking checkpoint save longer than ``checkpoint_stall_s`` and three times the rank's usual is a
-``checkpoint_stall`` slowdown (one record per save).
+A blocking checkpoint save longer than ``checkpoint_stall_s`` and three times the rank's usual (for a rank's first
+save: the job's other ranks' usual) is a ``checkpoint_stall`` slowdown (one record per save). The job's very first
+save has nothing to compare with and is never a record: it is badput (goodput's checkpoint_save), not a failure.
 """
 from __future__ import annotations
 
@@ -37,8 +38,13 @@ def compute_s(st: StepSeen) -> float | None:
 def checkpoint_span(engine: Engine, job: JobState, rank: RankState, span: SpanSeen) -> Finding | None:
     duration = span.end - span.start
     usual = statistics.median(rank.checkpoints) if rank.checkpoints else None
+    if usual is None:  # the rank's first save: compare with what the job's other ranks usually take
+        others = [d for r in job.ranks.values() if r is not rank for d in r.checkpoints]
+        usual = statistics.median(others) if others else None
     rank.checkpoints.append(duration)
-    if duration <= engine.settings.checkpoint_stall_s or (usual is not None and duration <= 3 * usual):
+    # With no save of the job to compare with, a long save is how this job checkpoints (a first 40 s save of a
+    # big model is normal): badput, never a failure. A hung save is the hang detector's (checkpoint_timeout_s).
+    if usual is None or duration <= engine.settings.checkpoint_stall_s or duration <= 3 * usual:
         return None
     ev = [Evidence("otel_gpu.checkpoint.save.duration_s", round(duration, 2), span.start)]
     if usual:

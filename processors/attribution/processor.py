@@ -79,7 +79,7 @@ def _identity(res: dict[str, Any]) -> Identity | None:
         return None
     gpu = res.get(str(I.GPU_INDEX))
     uuid = res.get(str(I.GPU_UUID))
-    return Identity(job_id=str(job), rank=rank, host=res.get(str(I.HOST_NAME)), pid=_int(res.get(str(I.PROCESS_PID))),
+    return Identity(job_id=str(job), rank=rank, host=_text(res.get(str(I.HOST_NAME))), pid=_int(res.get(str(I.PROCESS_PID))),
                     local_rank=_int(res.get(str(I.LOCAL_RANK))), world_size=_int(res.get(str(I.WORLD_SIZE))),
                     gpu=None if gpu is None else str(gpu), restart_count=_int(res.get(str(I.RESTART_COUNT))) or 0,
                     gpu_uuid=str(uuid) if uuid else None, net_ifaces=_ifaces(res.get(NET_INTERFACES)))
@@ -88,6 +88,11 @@ def _identity(res: dict[str, Any]) -> Identity | None:
 #: The network interfaces / HCAs a rank communicates over: only their ports can be network evidence for the job;
 #: without it, the ports that were up when the job started.
 NET_INTERFACES = str(I.NET_INTERFACES)
+
+
+def _text(value: Any) -> str | None:
+    """A string attribute as text (hostile input: a list or a number where a name belongs must not break lookups)."""
+    return None if value is None else (value if isinstance(value, str) else str(value))
 
 
 def _ifaces(value: Any) -> frozenset[str] | None:

@@ -98,7 +98,10 @@ class JobLedger:
     last_checkpoint_end: float | None = None
     incarnation_end: float | None = None
     failures: int = 0
-    productive_since_checkpoint: float = 0.0
+    # (step end, productive seconds) of counted steps that ended after the last checkpoint save, in arrival order.
+    # By time, not by arrival: spans come in batches per rank, so a save can be seen before the steps that preceded
+    # it; counting "since the save arrived" called a whole run's progress lost (the demo showed ETTR 0%).
+    since_checkpoint: deque = field(default_factory=lambda: deque(maxlen=100_000))
     hang_since: float | None = None
     last_step_end: float = 0.0
     incarnations: dict[int, _Incarnation] = field(default_factory=dict)
@@ -192,7 +195,8 @@ class JobLedger:
             self.baseline.append(work)
         self._add(B.SLOWDOWN, excess, rc)
         self._productive(work - excess, rc)
-        self.productive_since_checkpoint += work - excess
+        if work - excess > 0 and (self.last_checkpoint_end is None or end > self.last_checkpoint_end):
+            self.since_checkpoint.append((end, work - excess))
 
     def checkpoint(self, kind: str, start: float, end: float, inside_step: bool = False,
                    restart_count: int | None = None) -> None:
@@ -214,8 +218,10 @@ class JobLedger:
         if kind == "save":
             if not inside_step:
                 self._add(B.CHECKPOINT_SAVE, new, restart_count)
-            self.last_checkpoint_end = end
-            self.productive_since_checkpoint = 0.0
+            self.last_checkpoint_end = max(end, self.last_checkpoint_end or end)
+            kept = [(t, w) for t, w in self.since_checkpoint if t > self.last_checkpoint_end]
+            self.since_checkpoint.clear()
+            self.since_checkpoint.extend(kept)
         else:
             self._add(B.CHECKPOINT_RESTORE, new, restart_count)
 
@@ -237,10 +243,13 @@ class JobLedger:
                 return  # a revision of a failure already counted
         self.failures += 1
         # Progress since the last checkpoint is lost: it moves from productive to wasted.
-        wasted = max(0.0, min(self.productive_since_checkpoint, self._inc(None).productive_s))
+        # Progress made after the last save and before the failure began is lost (steps after its onset are not
+        # progress the failure took away).
+        lost = sum(w for t, w in self.since_checkpoint if t <= max(onset, detected))
+        wasted = max(0.0, min(lost, self._inc(None).productive_s))
         self._productive(-wasted)
         self._add(B.WASTED_PROGRESS, wasted)
-        self.productive_since_checkpoint = 0.0
+        self.since_checkpoint.clear()
         if failure_id:
             self.failure_ids[failure_id] = wasted
             if len(self.failure_ids) > 1000:

@@ -37,14 +37,13 @@ _SERIAL = next((str(a) for a in vars(I).values() if getattr(a, "name", None) == 
 _ERROR_TYPE, _ECC_COUNTER, _REMAP_KIND = str(G.ERROR_TYPE), str(G.ECC_COUNTER), str(G.REMAP_KIND)
 _LINK, _REASON, _XID_CODE = str(G.NVLINK_LINK), str(G.CLOCK_EVENT_REASON), str(G.XID_CODE)
 _NIC_DEVICE, _NIC_PORT, _NIC_COUNTER = str(N.DEVICE), str(N.PORT), str(N.COUNTER)
-_HW_TYPE, _NIC_KIND = str(I.HW_TYPE), str(getattr(N, "KIND", "nic.kind"))
+_HW_TYPE = str(I.HW_TYPE)
 
 _HW_THROTTLE = frozenset(r.value for r in (G.ClockEventReason.HW_SLOWDOWN, G.ClockEventReason.HW_THERMAL_SLOWDOWN,
                                             G.ClockEventReason.HW_POWER_BRAKE_SLOWDOWN))
 _NVLINK_ERROR_TYPES = frozenset({"crc_flit", "crc_data", "replay", "recovery"})
 #: IB / Ethernet counters that point at optics, cables or the link (not congestion).
-_NIC_ERROR_COUNTERS = frozenset({"symbol_error", "link_error_recovery", "port_rcv_errors",
-                                 "local_link_integrity_errors",
+_NIC_ERROR_COUNTERS = frozenset({"symbol_error", "link_error_recovery", "port_rcv_errors", "local_link_integrity_errors",
                                  "port_rcv_remote_physical_errors", "excessive_buffer_overrun_errors",
                                  "rx_crc_errors", "rx_errors", "rx_frame_errors", "tx_errors", "tx_carrier_errors"})
 _FLAPS = "link_downed"
@@ -52,7 +51,7 @@ _FLAPS = "link_downed"
 _GPU_METRICS = frozenset(m.name for m in (G.ECC_ERRORS, G.RETIRED_PAGES, G.RETIRED_PENDING, G.REMAPPED_ROWS,
                                           G.REMAP_PENDING, G.REMAP_FAILURE, G.PCIE_REPLAY, G.NVLINK_ERRORS,
                                           G.NVLINK_STATE, G.CLOCK_EVENT_ACTIVE))
-_NIC_METRICS = frozenset(m.name for m in (N.IB_ERRORS, N.ETH_ERRORS, N.ETH_UP, N.IB_UP))
+_NIC_METRICS = frozenset(m.name for m in (N.IB_ERRORS, N.ETH_ERRORS, N.ETH_UP))
 _WANTED = _GPU_METRICS | _NIC_METRICS
 _NVLINK_METRICS = frozenset((G.NVLINK_ERRORS.name, G.NVLINK_STATE.name))
 _SEVERITY = {H.DeviceState.HEALTHY: LogsBuilder.INFO, H.DeviceState.WATCH: LogsBuilder.WARN,
@@ -223,11 +222,14 @@ class HealthProcessor(Processor):
             if kind not in ("gauge", "sum"):
                 continue
             points = getattr(m, kind).data_points
-            for p in points:
-                a = {kv.key: kv.value for kv in p.attributes}
-                htype = a.get(_HW_TYPE)
-                # hw.errors is one metric for GPUs and NICs (hw.type tells them apart)
-                if name in _GPU_METRICS and (htype is None or htype.string_value != "network"):
+            if name in _GPU_METRICS:
+                nic_points = []
+                for p in points:
+                    a = {kv.key: kv.value for kv in p.attributes}
+                    hw_type = a.get(_HW_TYPE)
+                    if hw_type is not None and hw_type.string_value == "network":  # hw.errors is the NICs' too
+                        nic_points.append(p)
+                        continue
                     uuid = a.get(_UUID)
                     if uuid is None:
                         continue
@@ -241,16 +243,17 @@ class HealthProcessor(Processor):
                         if _SERIAL is not None and _SERIAL in a:
                             acc.serial = a[_SERIAL].string_value or None
                     self._gpu_point(name, p, a, acc)
-                elif name in _NIC_METRICS:
+                points = nic_points
+            if name in _NIC_METRICS:
+                for p in points:
+                    a = {kv.key: kv.value for kv in p.attributes}
                     dev = a.get(_NIC_DEVICE)
                     if dev is None:
                         continue
                     port_no = a.get(_NIC_PORT)
                     port = dev.string_value if port_no is None else f"{dev.string_value}/{port_no.int_value}"
-                    if name == N.ETH_UP.name or name == N.IB_UP.name:
-                        kind = a.get(_NIC_KIND)
-                        # InfiniBand counts its flaps in link_downed; an interface only shows up -> down
-                        if port_no is None and (kind is None or kind.string_value != "infiniband"):
+                    if name == N.ETH_UP.name:  # hw.network.up: InfiniBand ports count flaps in link_downed
+                        if port_no is None:
                             ups[port] = _num(p)
                         continue
                     counter = a.get(_ERROR_TYPE) or a.get(_NIC_COUNTER)

@@ -25,10 +25,10 @@ from otel_gpu.exporters.store.devices import culprit_counts, device_events, devi
 
 __all__ = ["DB_FILE", "SCHEMA_VERSION", "StoreMissing", "StoreTooNew", "db_path", "open_writer", "open_reader",
            "failures", "failure_versions", "goodput", "latest_goodput", "jobs", "failure_count", "is_withdrawn",
-           "WITHDRAWN", "device_states", "device_events", "culprit_counts"]
+           "WITHDRAWN", "device_states", "device_events", "culprit_counts", "restarts"]
 
 DB_FILE = "otel-gpu.db"
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 # Each entry migrates from version i to i + 1 (index 0: empty file -> 1). Append; never edit a shipped step.
 _MIGRATIONS: list[tuple[str, ...]] = [
@@ -67,6 +67,12 @@ _MIGRATIONS: list[tuple[str, ...]] = [
                received_time REAL NOT NULL, record TEXT NOT NULL, UNIQUE (failure_id, version))""",
     ),
     _devices.MIGRATION,  # 2 -> 3: device history (devices, device_events, device_failures)
+    (  # 3 -> 4: decisions of otel-gpu run --restart (one row per decision; a job's incarnations on one timeline)
+        """CREATE TABLE restarts (
+               id INTEGER PRIMARY KEY AUTOINCREMENT, job_id TEXT NOT NULL, time REAL, received_time REAL NOT NULL,
+               record TEXT NOT NULL)""",
+        "CREATE INDEX restarts_job ON restarts(job_id, time)",
+    ),
 ]
 assert len(_MIGRATIONS) == SCHEMA_VERSION
 
@@ -238,6 +244,19 @@ def goodput_history(conn: sqlite3.Connection, job_id: str, limit: int = 100) -> 
     rows = conn.execute("SELECT summary FROM goodput_history WHERE job_id = ? ORDER BY id DESC LIMIT ?",
                         (job_id, limit))
     return [json.loads(r[0]) for r in rows]
+
+
+def restarts(conn: sqlite3.Connection, job_id: str | None = None, limit: int = 1000) -> list[dict[str, Any]]:
+    """Decisions of ``otel-gpu run --restart`` (oldest first): the incarnations of each job on one timeline."""
+    if _version(conn) < 4:
+        return []
+    sql, args = "SELECT record FROM restarts", []
+    if job_id is not None:
+        sql += " WHERE job_id = ?"
+        args.append(job_id)
+    sql += " ORDER BY coalesce(time, received_time), id LIMIT ?"
+    args.append(limit)
+    return [json.loads(row[0]) for row in conn.execute(sql, args)]
 
 
 def jobs(conn: sqlite3.Connection, job_id: str | None = None) -> list[dict[str, Any]]:

@@ -20,6 +20,7 @@ from otel_gpu.pdata import Batch, Signal
 from otel_gpu.schema import failure as failure_schema
 from otel_gpu.schema import health as health_schema
 from otel_gpu.schema import identity
+from otel_gpu.schema import training as training_schema
 
 __all__ = ["FailureHistory", "StoreExporter"]
 
@@ -28,7 +29,8 @@ _logger = logging.getLogger(__name__)
 _FAILURE = failure_schema.FAILURE_EVENT.name
 _GOODPUT = failure_schema.GOODPUT_EVENT.name
 _DEVICE = health_schema.STATE_CHANGE_EVENT.name
-_EVENTS = (_FAILURE, _GOODPUT, _DEVICE)
+_RESTART = training_schema.RESTART_EVENT.name
+_EVENTS = (_FAILURE, _GOODPUT, _DEVICE, _RESTART)
 _JOB, _HOST, _RANK, _WORLD = (str(identity.JOB_ID), str(identity.HOST_NAME), str(identity.RANK),
                               str(identity.WORLD_SIZE))
 _IDENTITY_KEYS = frozenset((_JOB, _HOST, _RANK, _WORLD))
@@ -432,6 +434,10 @@ class StoreExporter(Exporter):
                     device_store.link_failure(conn, body, received, self.devices.ids(body))
                 elif name == _DEVICE:
                     device_store.insert_state(conn, body, received)
+                elif name == _RESTART:
+                    conn.execute("INSERT INTO restarts (job_id, time, received_time, record) VALUES (?, ?, ?, ?)",
+                                 (str(body.get("job_id") or ""), _num(body.get("time")), received,
+                                  json.dumps(body, sort_keys=True)))
                 else:
                     self._insert_goodput(conn, body, received)
             self._write_jobs(conn, jobs)
@@ -534,6 +540,7 @@ class StoreExporter(Exporter):
                              "ORDER BY id DESC LIMIT 1 OFFSET ?)", (cfg.max_goodput_history,))
                 conn.execute("DELETE FROM goodput WHERE updated_time < ?", (cutoff,))
                 device_store.retention(conn, cutoff)
+                conn.execute("DELETE FROM restarts WHERE received_time < ?", (cutoff,))
                 if conn.execute("DELETE FROM jobs WHERE last_seen < ?", (cutoff,)).rowcount:
                     conn.execute("DELETE FROM job_ranks WHERE job_id NOT IN (SELECT job_id FROM jobs)")
                     conn.execute("DELETE FROM job_hosts WHERE job_id NOT IN (SELECT job_id FROM jobs)")

@@ -1,0 +1,33 @@
+"""``verdict`` exporter: the collector's failures over HTTP (JSON), for ``otel-gpu run --restart auto``.
+
+Put it in the logs pipeline after ``attribution``; it keeps, per job, the latest version of each failure record
+(a later ``version`` of the same ``failure_id`` supersedes; a ``withdrawn`` one is left out) and serves:
+
+- ``GET /api/v1/failures?job_id=ID`` -> ``{"failures": [...]}`` newest first: the same records as
+  ``otel-gpu report --format json`` (DESIGN section 3); ``&since=UNIX_S`` keeps those detected at or after it;
+  ``&include_withdrawn=1`` keeps withdrawn ones;
+- ``GET /health`` -> ``{"status": "ok"}`` (open, even with auth).
+
+Loopback by default (127.0.0.1:4319), with the same bearer-token and TLS settings as the otlp receiver.
+
+Example config::
+
+    exporters:
+      verdict:
+        endpoint: 127.0.0.1:4319
+        auth: {bearer_token_file: /etc/otel-gpu/token}
+    service:
+      pipelines:
+        logs: {receivers: [otlp], processors: [attribution], exporters: [store, verdict]}
+"""
+from __future__ import annotations
+
+from otel_gpu.component import ComponentFactory
+from otel_gpu.exporters.verdict.config import DEFAULT_PORT, VerdictExporterConfig
+from otel_gpu.exporters.verdict.exporter import VerdictExporter
+from otel_gpu.pdata import Signal
+
+__all__ = ["DEFAULT_PORT", "FACTORY", "VerdictExporter", "VerdictExporterConfig"]
+
+FACTORY = ComponentFactory("verdict", "exporter", VerdictExporterConfig, VerdictExporter, signals=(Signal.LOGS,),
+                           description="Serves the attributed failures per job over HTTP (GET /api/v1/failures).")

@@ -1,0 +1,254 @@
+"""The ``verdict`` exporter: keeps the latest version of each failure per job and serves them over HTTP."""
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import socket
+import ssl
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from otel_gpu._security import BearerChecker, server_ssl_context
+from otel_gpu.component import ComponentHost, Exporter, ExportResult
+from otel_gpu.exporters.verdict.config import VerdictExporterConfig, parse_endpoint
+from otel_gpu.pdata import Batch, Signal
+from otel_gpu.schema import failure as failure_schema
+
+__all__ = ["VerdictExporter", "failure_key"]
+
+_logger = logging.getLogger(__name__)
+_FAILURE = failure_schema.FAILURE_EVENT.name
+_PATH = "/api/v1/failures"
+
+
+def failure_key(record: dict[str, Any]) -> str:
+    """The identity of a failure across its revisions: ``failure_id``, else (older engines) kind, cause and onset."""
+    fid = record.get("failure_id")
+    if fid not in (None, ""):
+        return str(fid)
+    return f"{record.get('kind')}|{record.get('root_cause')}|{record.get('onset_time')}|{record.get('signature')}"
+
+
+def _version(record: dict[str, Any]) -> float:
+    try:
+        return float(record.get("version") or 0)
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def _detected(record: dict[str, Any]) -> float:
+    try:
+        return float(record.get("detected_time") or 0)
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def _event_name(record: Any) -> str:
+    if record.event_name:
+        return record.event_name
+    for kv in record.attributes:
+        if kv.key == "event.name":
+            return kv.value.string_value
+    return ""
+
+
+class _JobFailures:
+    __slots__ = ("by_key", "updated")
+
+    def __init__(self) -> None:
+        self.by_key: collections.OrderedDict[str, dict[str, Any]] = collections.OrderedDict()
+        self.updated = 0.0
+
+
+class VerdictExporter(Exporter):
+    """``export()`` parses failure events under a lock (no I/O); a threaded HTTP server (daemon threads) answers."""
+
+    def __init__(self, config: VerdictExporterConfig, host: ComponentHost):
+        super().__init__(config, host)
+        self._jobs: collections.OrderedDict[str, _JobFailures] = collections.OrderedDict()
+        self._lock = threading.Lock()
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+        self._auth: BearerChecker | None = None
+
+    # -- pipeline side -------------------------------------------------------------------------------------------
+    def export(self, batch: Batch) -> ExportResult:
+        if batch.signal is not Signal.LOGS:
+            return ExportResult.SUCCESS
+        for rl in batch.message.resource_logs:
+            for sl in rl.scope_logs:
+                for record in sl.log_records:
+                    if _event_name(record) != _FAILURE or record.body.WhichOneof("value") != "string_value":
+                        continue
+                    try:
+                        body = json.loads(record.body.string_value)
+                    except (ValueError, RecursionError):
+                        continue
+                    if isinstance(body, dict) and isinstance(body.get("job_id"), str) and body["job_id"]:
+                        self.add(body)
+        return ExportResult.SUCCESS
+
+    def add(self, record: dict[str, Any]) -> None:
+        """Keeps ``record`` unless a newer version of the same failure is already here."""
+        job_id, key = record["job_id"], failure_key(record)
+        with self._lock:
+            job = self._jobs.get(job_id)
+            if job is None:
+                if len(self._jobs) >= self.config.max_jobs:
+                    self._jobs.popitem(last=False)
+                job = self._jobs[job_id] = _JobFailures()
+            self._jobs.move_to_end(job_id)
+            known = job.by_key.get(key)
+            if known is not None and _version(known) > _version(record):
+                return
+            job.by_key[key] = record
+            job.by_key.move_to_end(key)
+            job.updated = time.time()
+            while len(job.by_key) > self.config.max_failures_per_job:
+                job.by_key.popitem(last=False)
+
+    def failures(self, job_id: str | None, since: float | None = None,
+                 include_withdrawn: bool = False) -> list[dict[str, Any]]:
+        """The latest version of each failure (of one job, or all), newest detection first."""
+        with self._lock:
+            jobs = [self._jobs[job_id]] if job_id is not None and job_id in self._jobs else (
+                [] if job_id is not None else list(self._jobs.values()))
+            records = [r for j in jobs for r in j.by_key.values()]
+        if not include_withdrawn:
+            records = [r for r in records if not r.get("withdrawn")]
+        if since is not None:
+            records = [r for r in records if _detected(r) >= since]
+        return sorted(records, key=_detected, reverse=True)
+
+    # -- HTTP side -----------------------------------------------------------------------------------------------
+    @property
+    def port(self) -> int:
+        return self._server.server_address[1] if self._server is not None else 0
+
+    @property
+    def url(self) -> str:
+        if self._server is None:
+            return ""
+        host = self._server.server_address[0]
+        host = f"[{host}]" if ":" in host else host
+        return f"{'https' if self.config.tls else 'http'}://{host}:{self.port}"
+
+    def start(self) -> None:
+        host, port = parse_endpoint(self.config.endpoint)
+        if self.config.auth is not None:  # reads bearer_token_file now: a missing file fails start-up, naming it
+            self._auth = BearerChecker(self.config.auth, "auth.bearer_token")
+        exporter = self
+
+        class Handler(_Handler):
+            owner = exporter
+
+        server_class: type = _Server
+        if self.config.tls is not None:
+            server_class = type("_TlsServer", (_TlsServer,), {"ssl_context": server_ssl_context(self.config.tls)})
+        if ":" in host:
+            server_class = type("_Server6", (server_class,), {"address_family": socket.AF_INET6})
+        try:
+            self._server = server_class((host, port), Handler)
+        except OSError as exc:
+            hint = (f"port {port} is already in use (another collector?); set exporters.{self.host.component_id}"
+                    ".endpoint to a free port") if port else "check the host address"
+            raise RuntimeError(f"verdict exporter cannot listen on {self.config.endpoint}: {exc.strerror or exc}; "
+                               f"{hint}") from None
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.2},
+                                        name=f"otel-gpu-verdict-{self.host.component_id}", daemon=True)
+        self._thread.start()
+        _logger.info("verdict exporter %s serving %s%s", self.host.component_id, self.url, _PATH)
+
+    def shutdown(self, timeout_s: float = 5.0) -> None:
+        server, self._server = self._server, None
+        if server is None:
+            return
+        server.shutdown()
+        server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def server_bind(self) -> None:
+        # HTTPServer.server_bind resolves the host name (socket.getfqdn), which can stall without DNS; skip it.
+        self.socket.bind(self.server_address)
+        self.server_address = self.socket.getsockname()
+        self.server_name, self.server_port = str(self.server_address[0]), self.server_address[1]
+
+
+class _TlsServer(_Server):
+    """TLS per connection, on the connection's own thread: a stalled handshake never blocks other clients."""
+
+    ssl_context: ssl.SSLContext
+
+    def finish_request(self, request, client_address) -> None:
+        request.settimeout(10.0)
+        try:
+            tls = self.ssl_context.wrap_socket(request, server_side=True)
+        except (OSError, ssl.SSLError) as exc:
+            _logger.debug("verdict: TLS handshake with %s failed: %s", client_address, exc)
+            return
+        try:
+            tls.settimeout(30.0)
+            super().finish_request(tls, client_address)
+        finally:
+            try:
+                tls.close()
+            except OSError:
+                pass
+
+
+class _Handler(BaseHTTPRequestHandler):
+    owner: VerdictExporter
+    server_version = "otel-gpu-verdict"
+    timeout = 30
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+        """Requests are not logged (``run`` polls every second)."""
+
+    def _send(self, status: int, body: dict[str, Any], headers: tuple[tuple[str, str], ...] = ()) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        for k, v in headers:
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        url = urlsplit(self.path)
+        if url.path in ("/health", "/healthz"):
+            self._send(200, {"status": "ok"})
+            return
+        auth = self.owner._auth
+        if auth is not None and not auth.check(self.headers.get("Authorization")):
+            self._send(401, {"error": "unauthorized: send Authorization: Bearer <token>"},
+                       (("WWW-Authenticate", 'Bearer realm="otel-gpu"'),))
+            return
+        if url.path != _PATH:
+            self._send(404, {"error": f"not found: try {_PATH}?job_id=ID or /health"})
+            return
+        query = parse_qs(url.query)
+        job_id = (query.get("job_id") or [None])[0]
+        since = None
+        if query.get("since"):
+            try:
+                since = float(query["since"][0])
+            except ValueError:
+                self._send(400, {"error": f"since must be unix seconds (got {query['since'][0]!r})"})
+                return
+        withdrawn = (query.get("include_withdrawn") or ["0"])[0] in ("1", "true", "yes")
+        self._send(200, {"failures": self.owner.failures(job_id or None, since, withdrawn)})
+
+    def do_POST(self) -> None:  # noqa: N802
+        self._send(405, {"error": "read-only API: use GET"}, (("Allow", "GET"),))
+
+    do_PUT = do_DELETE = do_PATCH = do_POST  # noqa: N815

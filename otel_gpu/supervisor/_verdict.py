@@ -1,0 +1,97 @@
+"""Client of the collector's verdict API (``GET /api/v1/failures?job_id=``, served by the ``verdict`` exporter)."""
+from __future__ import annotations
+
+import json
+import os
+import ssl
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any
+
+__all__ = ["VerdictClient", "VerdictUnavailable", "default_url", "latest_versions"]
+
+DEFAULT_PORT = 4319  # otel_gpu.exporters.verdict.DEFAULT_PORT (not imported: run never loads the collector)
+
+
+class VerdictUnavailable(RuntimeError):
+    """The verdict API did not answer (no collector, wrong port, refused, bad token)."""
+
+
+def default_url(otlp_endpoint: str | None) -> str:
+    """``OTEL_GPU_VERDICT_ENDPOINT``, else the OTLP endpoint's host on port 4319, else 127.0.0.1:4319.
+
+    >>> default_url("http://10.0.0.5:4317")
+    'http://10.0.0.5:4319'
+    >>> default_url(None)
+    'http://127.0.0.1:4319'
+    """
+    env = os.environ.get("OTEL_GPU_VERDICT_ENDPOINT", "").strip()
+    if env:
+        return env.rstrip("/")
+    endpoint = otlp_endpoint or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or "http://127.0.0.1:4317"
+    url = urllib.parse.urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}")
+    host = url.hostname or "127.0.0.1"
+    host = f"[{host}]" if ":" in host else host
+    return f"{url.scheme or 'http'}://{host}:{DEFAULT_PORT}"
+
+
+def _version(record: dict[str, Any]) -> float:
+    try:
+        return float(record.get("version") or 0)
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def latest_versions(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The highest version of each failure_id (a later version supersedes); withdrawn ones left out.
+
+    >>> latest_versions([{"failure_id": "a", "version": 1, "kind": "hang"},
+    ...                  {"failure_id": "a", "version": 2, "kind": "hang", "withdrawn": True},
+    ...                  {"failure_id": "b", "version": 1, "kind": "crash"}])
+    [{'failure_id': 'b', 'version': 1, 'kind': 'crash'}]
+    """
+    best: dict[str, dict[str, Any]] = {}
+    for i, record in enumerate(records):
+        key = str(record.get("failure_id") or f"#{i}")
+        if key not in best or _version(record) >= _version(best[key]):
+            best[key] = record
+    return [r for r in best.values() if not r.get("withdrawn")]
+
+
+class VerdictClient:
+    def __init__(self, url: str, token: str | None = None, ca_file: str = "", timeout_s: float = 2.0):
+        self.url = url.rstrip("/")
+        self.token = token
+        self.timeout_s = timeout_s
+        self._ssl = ssl.create_default_context(cafile=ca_file or None) if self.url.startswith("https") else None
+
+    def _get(self, path: str) -> Any:
+        req = urllib.request.Request(self.url + path, headers={"Accept": "application/json"})
+        if self.token:
+            req.add_header("Authorization", f"Bearer {self.token}")
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout_s, context=self._ssl) as resp:  # noqa: S310
+                return json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            hint = " (check the bearer token)" if exc.code == 401 else ""
+            raise VerdictUnavailable(f"{self.url}{path.split('?')[0]}: HTTP {exc.code}{hint}") from None
+        except (OSError, ValueError) as exc:
+            raise VerdictUnavailable(f"{self.url}: {getattr(exc, 'reason', None) or exc}") from None
+
+    def healthy(self) -> bool:
+        try:
+            return self._get("/health").get("status") == "ok"
+        except VerdictUnavailable:
+            return False
+
+    def failures(self, job_id: str, since: float | None = None) -> list[dict[str, Any]]:
+        """The job's failures (latest version each, withdrawn left out), newest first. Raises VerdictUnavailable."""
+        query = {"job_id": job_id}
+        if since is not None:
+            query["since"] = f"{since:.3f}"
+        body = self._get("/api/v1/failures?" + urllib.parse.urlencode(query))
+        records = body.get("failures") if isinstance(body, dict) else None
+        if not isinstance(records, list):
+            raise VerdictUnavailable(f"{self.url}: not a failures answer")
+        return latest_versions([r for r in records if isinstance(r, dict)])

@@ -1,0 +1,457 @@
+"""The restart loop of ``otel-gpu run --restart {auto,always}``: run the command, ask the collector why it failed,
+and act on the verdict's action."""
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import os
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, TextIO
+
+from otel_gpu.supervisor._proctree import become_subreaper, stop_tree
+from otel_gpu.supervisor._verdict import VerdictClient, VerdictUnavailable
+from otel_gpu.supervisor.policy import Policy
+
+__all__ = ["Decision", "Supervisor"]
+
+_logger = logging.getLogger(__name__)
+_RESTARTING = ("restart", "exclude_and_restart")
+
+
+@dataclass
+class Decision:
+    """One decision, as printed, exported (event ``otel_gpu.restart.decision``) and kept in the store."""
+
+    job_id: str
+    incarnation: int
+    restart_count: int
+    time: float
+    trigger: str  # exit | hang | crash_verdict
+    exit_status: int | None
+    decision: str  # done | restart | exclude_and_restart | stop | give_up | report
+    reason: str
+    failure_id: str | None = None
+    kind: str | None = None
+    root_cause: str | None = None
+    action: str | None = None
+    culprit: dict | None = None
+    backoff_s: float = 0.0
+    restarts_in_window: int = 0
+    excluded: str | None = None
+    time_saved_s: float | None = None
+    incarnation_start: float | None = None
+    incarnation_end: float | None = None
+    detection_latency_s: float | None = None
+    hook: dict | None = field(default=None)
+
+    def line(self) -> str:
+        cause = f"{self.kind}/{self.root_cause}" if self.root_cause else "no verdict"
+        text = (f"otel-gpu run: incarnation {self.incarnation} ({self.trigger}, exit {self.exit_status}): {cause}"
+                + (f", action {self.action}" if self.action else "") + f" -> {self.decision.upper()}: {self.reason}")
+        return text
+
+
+class Supervisor:
+    """Runs ``cmd`` (under :class:`otel_gpu.launcher.Launch`) until it succeeds, or the policy says stop."""
+
+    def __init__(self, cmd: list[str], mode: str, policy: Policy, endpoint: str | None, job_id: str,
+                 verdict_url: str, out: TextIO | None = None, verdict_token: str | None = None):
+        if mode not in ("auto", "always"):
+            raise ValueError(f"mode must be auto or always (got {mode!r})")
+        self.cmd, self.mode, self.policy, self.endpoint, self.job_id = list(cmd), mode, policy, endpoint, job_id
+        self.out = out or sys.stderr
+        token = verdict_token or os.environ.get("OTEL_GPU_VERDICT_TOKEN") or None
+        if not token and policy.verdict.bearer_token_file:
+            try:
+                with open(policy.verdict.bearer_token_file, encoding="utf-8") as fh:
+                    token = fh.read().strip()
+            except OSError as exc:
+                self.say(f"cannot read verdict.bearer_token_file ({exc.strerror}); asking without a token")
+        self.client = VerdictClient(verdict_url, token, policy.verdict.ca_file)
+        self.decisions: list[Decision] = []
+        self.restart_times: collections.deque[float] = collections.deque()
+        self.handled: set[str] = set()  # acted on
+        self.reported: set[str] = set()  # printed while the job ran, not acted on (yet)
+        self._warned = False
+        self._reachable: bool | None = None
+        self._excluded_gpus: list[str] = []
+        self._stop_requested: int | None = None
+        self.t0 = time.time()
+
+    # -- output ----------------------------------------------------------------------------------------------------
+    def say(self, msg: str) -> None:
+        print(f"otel-gpu run: {msg}", file=self.out, flush=True)
+
+    def _warn_unreachable(self, why: str) -> None:
+        if not self._warned:
+            self._warned = True
+            self.say(f"WARNING: no verdict from the collector ({why}); the job runs, but it will not be restarted "
+                     "on a guess. Start `otel-gpu collector` (its verdict exporter serves "
+                     f"{self.client.url}/api/v1/failures) or pass --verdict-url")
+
+    # -- verdicts --------------------------------------------------------------------------------------------------
+    def _failures(self, since: float) -> list[dict[str, Any]] | None:
+        """This incarnation's unhandled failures, newest first; None when the collector does not answer."""
+        try:
+            records = self.client.failures(self.job_id, since=since)
+        except VerdictUnavailable as exc:
+            self._reachable = False if self._reachable is None else self._reachable
+            self._warn_unreachable(str(exc))
+            return None
+        self._reachable = True
+        out = []
+        for r in records:
+            key = str(r.get("failure_id") or (r.get("kind"), r.get("onset_time")))
+            try:
+                onset = float(r.get("onset_time") or r.get("detected_time") or 0)
+            except (TypeError, ValueError):
+                onset = 0.0
+            if key not in self.handled and onset >= since - 1.0 and r.get("kind") in ("crash", "hang"):
+                out.append(r)
+        return out
+
+    def _wait_verdict(self, since: float) -> dict[str, Any] | None:
+        """After the job failed: its verdict. A sure record (not one already printed as unsure while the job ran)
+        is taken at once; otherwise the best record there is when ``verdict.wait_s`` is up."""
+        deadline = time.monotonic() + self.policy.verdict.wait_s
+        found: list[dict[str, Any]] | None = []
+        while True:
+            found = self._failures(since) or found
+            sure = [r for r in found or [] if _key(r) not in self.reported
+                    and _confidence(r) >= self.policy.hang.min_confidence]
+            if sure:
+                return _first_cause(sure)
+            if not found and self._reachable is False:
+                return None  # nobody to ask: do not wait for nothing
+            if time.monotonic() >= deadline:
+                return max(found, key=_confidence) if found else None
+            time.sleep(0.25)
+
+    # -- actions ---------------------------------------------------------------------------------------------------
+    def _budget_left(self, now: float) -> int:
+        while self.restart_times and self.restart_times[0] < now - self.policy.budget.window_s:
+            self.restart_times.popleft()
+        return self.policy.budget.max_restarts - len(self.restart_times)
+
+    def _backoff(self) -> float:
+        b = self.policy.budget
+        return min(b.backoff_max_s, b.backoff_initial_s * (2 ** len(self.restart_times)))
+
+    def _exclude(self, record: dict[str, Any], decision: Decision) -> None:
+        culprit = record.get("culprit") or {}
+        gpu = culprit.get("gpu")
+        fields = {"host": culprit.get("host") or "", "gpu_uuid": str(gpu) if gpu and str(gpu).startswith("GPU-")
+                  else "", "gpu_index": str(gpu) if gpu is not None and str(gpu).isdigit() else "",
+                  "rank": "" if culprit.get("rank") is None else str(culprit["rank"]),
+                  "root_cause": str(record.get("root_cause") or ""), "job_id": self.job_id}
+        hooks = self.policy.hooks
+        excluded = []
+        if hooks.exclude:
+            command = hooks.exclude.format(**{k: shlex.quote(v) for k, v in fields.items()})
+            self.say(f"exclude hook: {command}")
+            try:
+                done = subprocess.run(command, shell=True, timeout=hooks.exclude_timeout_s,  # noqa: S602 - the user's
+                                      capture_output=True, text=True)
+                decision.hook = {"command": command, "exit_code": done.returncode,
+                                 "output": (done.stdout + done.stderr)[-500:]}
+                if done.returncode != 0:
+                    self.say(f"exclude hook exited {done.returncode}: {(done.stderr or done.stdout).strip()[-300:]}")
+            except subprocess.TimeoutExpired:
+                decision.hook = {"command": command, "exit_code": None, "output": "timed out"}
+                self.say(f"exclude hook timed out after {hooks.exclude_timeout_s:.0f} s")
+            excluded.append(f"host {fields['host'] or '?'}")
+        if hooks.exclude_gpu:
+            gpu_id = fields["gpu_uuid"] or fields["gpu_index"]
+            if gpu_id:
+                self._excluded_gpus.append(gpu_id)
+                excluded.append(f"GPU {gpu_id}")
+            else:
+                self.say("exclude_gpu: the verdict names no GPU; restarting with the same devices")
+        decision.excluded = ", ".join(excluded) or None
+
+    def _cuda_env(self) -> dict[str, str]:
+        if not self._excluded_gpus:
+            return {}
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        devices = [d.strip() for d in visible.split(",")] if visible else _all_gpus()
+        keep = [d for d in devices if d not in self._excluded_gpus]
+        return {"CUDA_VISIBLE_DEVICES": ",".join(keep)}
+
+    def _record(self, decision: Decision, launch) -> None:
+        self.decisions.append(decision)
+        print(decision.line(), file=self.out, flush=True)
+        try:
+            from otel_gpu.instrumentation import _export
+            from otel_gpu.schema import identity as ids
+            from otel_gpu.schema import training as tr
+
+            body = {k: v for k, v in asdict(decision).items() if v is not None}
+            req = _export.logs_request(_export.make_resource(launch.identity.attributes()),
+                                       [(tr.RESTART_EVENT.name, time.time_ns(), {str(ids.JOB_ID): self.job_id}, body,
+                                         _export.INFO if decision.decision == "done" else _export.WARN)])
+            launch.client.send_logs(req)
+        except Exception:  # noqa: BLE001 - the decision stands even if it cannot be exported
+            _logger.debug("could not export the decision", exc_info=True)
+
+    # -- the loop --------------------------------------------------------------------------------------------------
+    def run(self) -> int:
+        from otel_gpu.launcher import Launch, forward_signals, restore_signals
+
+        become_subreaper()
+        if not self.client.healthy():
+            self._reachable = False
+            self._warn_unreachable(f"{self.client.url} does not answer")
+        restart_base = 0
+        incarnation = 0
+        current: dict[str, Any] = {}
+
+        def _on_signal(signum):
+            self._stop_requested = signum
+            launch = current.get("launch")
+            if launch is not None and launch.proc is not None:
+                try:
+                    launch.proc.send_signal(signum)
+                except OSError:
+                    pass
+
+        previous = forward_signals(_on_signal)
+        try:
+            while True:
+                launch = Launch(self.cmd, self.endpoint, self.job_id, restart_count=restart_base,
+                                extra_env=self._cuda_env())
+                current["launch"] = launch
+                started = time.time()
+                try:
+                    launch.start()
+                except OSError as exc:
+                    self.say(f"cannot start {self.cmd[0]!r}: {exc}")
+                    launch.close()
+                    return 127
+                try:
+                    outcome = self._watch(launch, started)
+                    decision = self._decide(launch, incarnation, restart_base, started, outcome)
+                finally:
+                    launch.close()
+                if decision.decision not in _RESTARTING:
+                    return 0 if decision.decision == "done" else (launch.status or 1)
+                time.sleep(decision.backoff_s)
+                if self._stop_requested is not None:
+                    self.say("stopped by a signal during the backoff; not restarting")
+                    return 128 + self._stop_requested
+                restart_base += 1 + launch.torchelastic_restarts()
+                incarnation += 1
+        finally:
+            restore_signals(previous)
+
+    def _watch(self, launch, started: float) -> dict[str, Any]:
+        """Runs one incarnation to its end. A hang verdict while it runs may stop it (policy.hang); a crash verdict
+        while torchrun is still tearing down is taken at once (its diagnosis is printed within seconds)."""
+        poll = self.policy.verdict.poll_interval_s
+        next_check = time.monotonic() + poll
+        record: dict[str, Any] | None = None
+        trigger = "exit"
+        printed = False
+        stop_by: float | None = None
+        while True:
+            rc = launch.poll(0.2)
+            if rc is not None:
+                break
+            now = time.monotonic()
+            if stop_by is not None and now >= stop_by:
+                self.say("the job did not end by itself after its failure: stopping its process tree")
+                stop_tree(launch.proc.pid, launch.pids(), self.policy.stop_grace_s)
+                stop_by = None
+                continue
+            if record is not None or now < next_check or self._reachable is False or self._stop_requested:
+                continue
+            next_check = now + poll
+            found = self._failures(started)
+            if not found:
+                continue
+            found = [r for r in found if _key(r) not in self.reported]
+            if not found:
+                continue
+            first = _first_cause(found)
+            if first.get("kind") == "hang":
+                action = self.policy.action_for(first)
+                unsure = _confidence(first) < self.policy.hang.min_confidence
+                if self.policy.hang.decision == "report" or unsure:
+                    self.reported.add(_key(first))
+                    why = (f"confidence {_confidence(first):.2f} < hang.min_confidence "
+                           f"{self.policy.hang.min_confidence:.2f}" if unsure else "policy hang.decision: report")
+                    self.say(f"hang verdict ({why}): the job keeps running\n" + _diagnosis(first))
+                    continue
+                record, trigger = first, "hang"
+                if self.mode == "auto" and self.policy.hang.decision == "by_action" and action in ("user_fix",
+                                                                                                   "investigate"):
+                    self.say("the job hangs and needs a person:\n" + _diagnosis(first))
+                    printed = True
+                self.say(f"hang verdict: {first.get('root_cause')} (culprit {_who(first)}): stopping the job "
+                         f"(SIGTERM, {self.policy.stop_grace_s:.0f} s grace, SIGKILL)")
+                stop_tree(launch.proc.pid, launch.pids(), self.policy.stop_grace_s)
+            else:
+                record, trigger = first, "crash_verdict"
+                if self.mode == "auto" and self.policy.action_for(first) in ("user_fix", "investigate"):
+                    self.say("the job failed and needs a person (not restarting):\n" + _diagnosis(first))
+                    printed = True
+                stop_by = time.monotonic() + self.policy.stop_grace_s  # torchrun tears down by itself; else we do
+        launch.finish()
+        return {"rc": launch.rc, "record": record, "trigger": trigger, "printed": printed, "ended": time.time()}
+
+    def _decide(self, launch, incarnation: int, restart_count: int, started: float, outcome: dict) -> Decision:
+        status = launch.status
+        record = outcome["record"]
+        ended = outcome["ended"]
+        base = dict(job_id=self.job_id, incarnation=incarnation, restart_count=restart_count, time=time.time(),
+                    trigger=outcome["trigger"], exit_status=status, incarnation_start=round(started, 3),
+                    incarnation_end=round(ended, 3))
+        if record is None and status == 0:
+            d = Decision(decision="done", reason="the job completed", **base)
+            self._record(d, launch)
+            return d
+        if self._stop_requested is not None:
+            d = Decision(decision="stop", reason=f"stopped by {_signame(self._stop_requested)}; not restarting",
+                         **base)
+            self._record(d, launch)
+            return d
+        if record is None and self._reachable is False and self.client.healthy():
+            self._reachable = True  # the collector came up meanwhile
+        if record is None and self._reachable is not False:
+            record = self._wait_verdict(started)
+        if record is not None:
+            self.handled.add(_key(record))
+            base.update(failure_id=record.get("failure_id"), kind=record.get("kind"),
+                        root_cause=record.get("root_cause"), culprit=record.get("culprit"))
+            try:
+                onset, detected = float(record["onset_time"]), float(record["detected_time"])
+                base["detection_latency_s"] = round(detected - onset, 3)
+                if record.get("kind") == "hang":
+                    # Without us the job would sit until the backend's watchdog fired (and then be restarted).
+                    base["time_saved_s"] = round(max(0.0, onset + self.policy.backend_timeout_s - ended), 1)
+            except (KeyError, TypeError, ValueError):
+                pass
+        if record is None and not (self.mode == "always" and status != 0):
+            if status == 0:
+                d = Decision(decision="done", reason="the job completed", **base)
+            elif self._reachable is False:
+                d = Decision(decision="stop", reason="no collector to ask why it failed: never restarting on a "
+                             "guess", **base)
+            else:
+                d = Decision(decision="stop", reason=f"no verdict within {self.policy.verdict.wait_s:.0f} s: never "
+                             "restarting on a guess", **base)
+            self._record(d, launch)
+            return d
+        record = record or {}
+        action = self.policy.action_for(record) if record else None
+        base["action"] = action
+        hang_restart = record.get("kind") == "hang" and self.policy.hang.decision == "restart"
+        wants_restart = self.mode == "always" or hang_restart or action in ("auto_restart",
+                                                                            "exclude_node_and_restart")
+        if not wants_restart:
+            if not outcome["printed"]:
+                print(_diagnosis(record), file=self.out, end="", flush=True)
+            d = Decision(decision="stop", reason=f"action {action}: a restart would not fix it; diagnosis above",
+                         **base)
+            self._record(d, launch)
+            return d
+        now = time.time()
+        left = self._budget_left(now)
+        base["restarts_in_window"] = len(self.restart_times)
+        if left <= 0:
+            b = self.policy.budget
+            d = Decision(decision="give_up", reason=f"restart budget spent ({b.max_restarts} per "
+                         f"{_duration(b.window_s)}); raise budget.max_restarts or --max-restarts", **base)
+            self._record(d, launch)
+            if record and not outcome["printed"]:
+                print(_diagnosis(record), file=self.out, end="", flush=True)
+            return d
+        backoff = self._backoff()
+        d = Decision(decision="restart", reason="", backoff_s=round(backoff, 2), **base)
+        if action == "exclude_node_and_restart" and self.mode == "auto" or (
+                self.mode == "always" and action == "exclude_node_and_restart"):
+            self._exclude(record, d)
+            d.decision = "exclude_and_restart"
+        self.restart_times.append(now)
+        d.restarts_in_window = len(self.restart_times)
+        d.reason = (f"restart {len(self.restart_times)} of {self.policy.budget.max_restarts} in "
+                    f"{_duration(self.policy.budget.window_s)}, after {backoff:.1f} s"
+                    + (f", without {d.excluded}" if d.excluded else "")
+                    + (f"; saved ~{_duration(d.time_saved_s)} vs the {_duration(self.policy.backend_timeout_s)} "
+                       "backend timeout" if d.time_saved_s else ""))
+        self._record(d, launch)
+        return d
+
+
+def _key(record: dict[str, Any]) -> str:
+    return str(record.get("failure_id") or (record.get("kind"), record.get("onset_time")))
+
+
+def _confidence(record: dict[str, Any]) -> float:
+    try:
+        return float(record.get("confidence"))
+    except (TypeError, ValueError):
+        return 1.0
+
+
+def _first_cause(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The record to act on: the earliest onset (the engine names one cause per incarnation; revisions keep id)."""
+    def onset(r):
+        try:
+            return float(r.get("onset_time") or r.get("detected_time") or 0)
+        except (TypeError, ValueError):
+            return 0.0
+    return min(records, key=onset)
+
+
+def _diagnosis(record: dict[str, Any]) -> str:
+    from otel_gpu.report import format_failure
+
+    return format_failure(record)
+
+
+def _who(record: dict[str, Any]) -> str:
+    c = record.get("culprit") or {}
+    parts = [f"rank {c['rank']}" if c.get("rank") is not None else "", f"host {c['host']}" if c.get("host") else "",
+             f"GPU {c['gpu']}" if c.get("gpu") not in (None, "") else ""]
+    return ", ".join(p for p in parts if p) or "unknown"
+
+
+def _signame(signum: int) -> str:
+    import signal
+
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def _duration(seconds: float | None) -> str:
+    s = float(seconds or 0)
+    if s < 120:
+        return f"{s:.0f} s"
+    if s < 7200:
+        return f"{s / 60:.0f} min"
+    return f"{s / 3600:.1f} h"
+
+
+def _all_gpus() -> list[str]:
+    """Indices of the GPUs of this host (NVML when there is one), for CUDA_VISIBLE_DEVICES without the bad one."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return [str(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001 - no driver: nothing to exclude from
+        return []
+
+
+def decisions_json(decisions: list[Decision]) -> str:
+    return json.dumps([asdict(d) for d in decisions], indent=2)
