@@ -15,7 +15,7 @@ Example:
     Traceback (most recent call last):
     ...
     otel_gpu.config.ConfigError: budget.max_restarts must be >= 0 (got -1): set 0 to never restart, e.g. 3
-    hooks.exclde: unknown setting (did you mean 'exclude'? known: exclude, exclude_timeout_s, exclude_gpu)
+    hooks.exclde: unknown setting (did you mean 'exclude'? known: exclude, exclude_timeout, exclude_gpu)
 """
 from __future__ import annotations
 
