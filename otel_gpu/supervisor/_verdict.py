@@ -95,3 +95,16 @@ class VerdictClient:
         if not isinstance(records, list):
             raise VerdictUnavailable(f"{self.url}: not a failures answer")
         return latest_versions([r for r in records if isinstance(r, dict)])
+
+    def devices(self, state: str = "drain", hosts: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+        """The devices whose latest health state is ``state`` (on ``hosts``; all when empty). Raises
+        VerdictUnavailable (also for a collector too old to serve /api/v1/devices: HTTP 404)."""
+        query = {"state": state}
+        if hosts:
+            query["host"] = ",".join(sorted(hosts))
+        body = self._get("/api/v1/devices?" + urllib.parse.urlencode(query))
+        records = body.get("devices") if isinstance(body, dict) else None
+        if not isinstance(records, list):
+            raise VerdictUnavailable(f"{self.url}: not a devices answer")
+        return [r for r in records if isinstance(r, dict) and isinstance(r.get("device_id"), str)
+                and r.get("state") == state]

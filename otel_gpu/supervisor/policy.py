@@ -134,11 +134,29 @@ class VerdictPolicy:
 
 
 @dataclass
+class DevicesPolicy:
+    #: Before each restart, ask the collector (GET /api/v1/devices?state=drain) for drained devices on the job's
+    #: hosts and exclude them: the exclude hook per device ({root_cause} is device_drain), and with
+    #: hooks.exclude_gpu a drained GPU of this host leaves CUDA_VISIBLE_DEVICES. Off: drained devices are ignored.
+    exclude_drained: bool = False
+    #: Also before the first start (needs exclude_drained).
+    at_start: bool = False
+
+    def validate(self) -> None:
+        for key in ("exclude_drained", "at_start"):
+            if not isinstance(getattr(self, key), bool):
+                raise ValueError(f"{key} must be true or false (got {getattr(self, key)!r})")
+        if self.at_start and not self.exclude_drained:
+            raise ValueError("at_start: needs exclude_drained: true (set both, or drop at_start)")
+
+
+@dataclass
 class Policy:
     budget: BudgetPolicy = field(default_factory=BudgetPolicy)
     hang: HangPolicy = field(default_factory=HangPolicy)
     hooks: HooksPolicy = field(default_factory=HooksPolicy)
     verdict: VerdictPolicy = field(default_factory=VerdictPolicy)
+    devices: DevicesPolicy = field(default_factory=DevicesPolicy)
     #: Overrides of the verdict's action, by root cause (first) or category: {gpu_xid: investigate, user: user_fix}.
     actions: dict = field(default_factory=dict)
     stop_grace_s: float = 10.0  # SIGTERM, then SIGKILL of the whole process tree after this
@@ -149,7 +167,7 @@ class Policy:
 
     def validate(self) -> None:
         problems = []
-        for name in ("budget", "hang", "hooks", "verdict"):  # defaults too: derived fields (window_s) are set here
+        for name in ("budget", "hang", "hooks", "verdict", "devices"):  # defaults too: derived fields (window_s) are set here
             try:
                 getattr(self, name).validate()
             except ValueError as exc:
@@ -197,10 +215,11 @@ def load_policy_text(text: str, source: str = "<text>") -> Policy:
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{source}: expected a mapping (budget:, hang:, hooks:, verdict:, actions:), "
+        raise ConfigError(f"{source}: expected a mapping (budget:, hang:, hooks:, verdict:, devices:, actions:), "
                           f"got {type(data).__name__}")
     problems: list[str] = []
-    sections = {"budget": BudgetPolicy, "hang": HangPolicy, "hooks": HooksPolicy, "verdict": VerdictPolicy}
+    sections = {"budget": BudgetPolicy, "hang": HangPolicy, "hooks": HooksPolicy, "verdict": VerdictPolicy,
+                "devices": DevicesPolicy}
     built: dict[str, Any] = {}
     for key, value in data.items():
         key = str(key)

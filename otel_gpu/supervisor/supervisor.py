@@ -31,9 +31,9 @@ class Decision:
     incarnation: int
     restart_count: int
     time: float
-    trigger: str  # exit | hang | crash_verdict
+    trigger: str  # exit | hang | crash_verdict | start (drained devices excluded before the first start)
     exit_status: int | None
-    decision: str  # done | restart | exclude_and_restart | stop | give_up | report
+    decision: str  # done | restart | exclude_and_restart | stop | give_up | report | exclude
     reason: str
     failure_id: str | None = None
     kind: str | None = None
@@ -48,6 +48,9 @@ class Decision:
     incarnation_end: float | None = None
     detection_latency_s: float | None = None
     hook: dict | None = field(default=None)
+    #: Drained devices excluded before this restart (policy devices.exclude_drained): {device_id, host, gpu, since,
+    #: evidence, hook}.
+    drained: list | None = None
 
     def line(self) -> str:
         cause = f"{self.kind}/{self.root_cause}" if self.root_cause else "no verdict"
@@ -60,7 +63,8 @@ class Supervisor:
     """Runs ``cmd`` (under :class:`otel_gpu.launcher.Launch`) until it succeeds, or the policy says stop."""
 
     def __init__(self, cmd: list[str], mode: str, policy: Policy, endpoint: str | None, job_id: str,
-                 verdict_url: str, out: TextIO | None = None, verdict_token: str | None = None):
+                 verdict_url: str, out: TextIO | None = None, verdict_token: str | None = None,
+                 hosts: tuple[str, ...] | None = None, local_host: str | None = None):
         if mode not in ("auto", "always"):
             raise ValueError(f"mode must be auto or always (got {mode!r})")
         self.cmd, self.mode, self.policy, self.endpoint, self.job_id = list(cmd), mode, policy, endpoint, job_id
@@ -80,6 +84,13 @@ class Supervisor:
         self._warned = False
         self._reachable: bool | None = None
         self._excluded_gpus: list[str] = []
+        #: The job's hosts, for the drained-device query: given, else this host (the launch's host.name) and the
+        #: culprit hosts of its verdicts. Empty: all hosts.
+        self.hosts: set[str] = set(hosts or ())
+        self.local_host = local_host or _this_host()
+        if hosts is None and self.local_host:
+            self.hosts.add(self.local_host)
+        self._drained_seen: set[tuple[str, Any]] = set()  # (device_id, since) already acted on
         self._stop_requested: int | None = None
         self.t0 = time.time()
 
@@ -152,18 +163,7 @@ class Supervisor:
         hooks = self.policy.hooks
         excluded = []
         if hooks.exclude:
-            command = hooks.exclude.format(**{k: shlex.quote(v) for k, v in fields.items()})
-            self.say(f"exclude hook: {command}")
-            try:
-                done = subprocess.run(command, shell=True, timeout=hooks.exclude_timeout_s,  # noqa: S602 - the user's
-                                      capture_output=True, text=True)
-                decision.hook = {"command": command, "exit_code": done.returncode,
-                                 "output": (done.stdout + done.stderr)[-500:]}
-                if done.returncode != 0:
-                    self.say(f"exclude hook exited {done.returncode}: {(done.stderr or done.stdout).strip()[-300:]}")
-            except subprocess.TimeoutExpired:
-                decision.hook = {"command": command, "exit_code": None, "output": "timed out"}
-                self.say(f"exclude hook timed out after {hooks.exclude_timeout_s:.0f} s")
+            decision.hook = self._run_hook(fields)
             excluded.append(f"host {fields['host'] or '?'}")
         if hooks.exclude_gpu:
             gpu_id = fields["gpu_uuid"] or fields["gpu_index"]
@@ -173,6 +173,61 @@ class Supervisor:
             else:
                 self.say("exclude_gpu: the verdict names no GPU; restarting with the same devices")
         decision.excluded = ", ".join(excluded) or None
+
+    def _run_hook(self, fields: dict[str, str]) -> dict[str, Any]:
+        hooks = self.policy.hooks
+        command = hooks.exclude.format(**{k: shlex.quote(v) for k, v in fields.items()})
+        self.say(f"exclude hook: {command}")
+        try:
+            done = subprocess.run(command, shell=True, timeout=hooks.exclude_timeout_s,  # noqa: S602 - the user's
+                                  capture_output=True, text=True)
+        except subprocess.TimeoutExpired:
+            self.say(f"exclude hook timed out after {hooks.exclude_timeout_s:.0f} s")
+            return {"command": command, "exit_code": None, "output": "timed out"}
+        if done.returncode != 0:
+            self.say(f"exclude hook exited {done.returncode}: {(done.stderr or done.stdout).strip()[-300:]}")
+        return {"command": command, "exit_code": done.returncode, "output": (done.stdout + done.stderr)[-500:]}
+
+    def exclude_drained(self) -> list[dict[str, Any]]:
+        """Policy ``devices.exclude_drained``: asks the collector for drained devices on the job's hosts (all when
+        unknown) and excludes each one not acted on yet: the exclude hook ({root_cause} device_drain), and with
+        ``hooks.exclude_gpu`` a drained GPU of this host leaves CUDA_VISIBLE_DEVICES. Returns what was excluded
+        (empty when the policy is off, nothing is drained, or the collector does not answer)."""
+        if not self.policy.devices.exclude_drained:
+            return []
+        try:
+            drained = self.client.devices("drain", tuple(sorted(self.hosts)))
+        except VerdictUnavailable as exc:
+            self.say(f"cannot ask for drained devices ({exc}); restarting with the same devices")
+            return []
+        done = []
+        hooks = self.policy.hooks
+        for device in drained:
+            key = (device["device_id"], device.get("since"))
+            if key in self._drained_seen:
+                continue
+            self._drained_seen.add(key)
+            host = str(device.get("host") or "")
+            uuid = str(device.get("uuid") or "") if device.get("kind") == "gpu" else ""
+            index = device.get("gpu_index")
+            index = str(index) if isinstance(index, int) and not isinstance(index, bool) else ""
+            entry: dict[str, Any] = {"device_id": device["device_id"], "host": host or None,
+                                     "since": device.get("since"), "evidence": list(device.get("evidence") or [])[:5]}
+            self.say(f"device {device['device_id']} on {host or '?'} is drained"
+                     + (f" ({'; '.join(entry['evidence'][:2])})" if entry["evidence"] else "") + ": excluding it")
+            if hooks.exclude:
+                entry["hook"] = self._run_hook({"host": host, "gpu_uuid": uuid, "gpu_index": index, "rank": "",
+                                                "root_cause": "device_drain", "job_id": self.job_id})
+            local = self.local_host is not None and host == self.local_host
+            if hooks.exclude_gpu and (uuid or index) and local:
+                self._excluded_gpus.extend(g for g in (uuid, index) if g and g not in self._excluded_gpus)
+                entry["gpu"] = uuid or index
+            if "hook" in entry or "gpu" in entry:
+                done.append(entry)
+            else:
+                self.say(f"device {device['device_id']}: no hooks.exclude and not a GPU of this host: nothing to "
+                         "exclude it with")
+        return done
 
     def _cuda_env(self) -> dict[str, str]:
         if not self._excluded_gpus:
@@ -209,6 +264,7 @@ class Supervisor:
         restart_base = 0
         incarnation = 0
         current: dict[str, Any] = {}
+        at_start = self.exclude_drained() if self.policy.devices.at_start else []
 
         def _on_signal(signum):
             self._stop_requested = signum
@@ -225,6 +281,13 @@ class Supervisor:
                 launch = Launch(self.cmd, self.endpoint, self.job_id, restart_count=restart_base,
                                 extra_env=self._cuda_env())
                 current["launch"] = launch
+                if at_start:
+                    d = Decision(job_id=self.job_id, incarnation=0, restart_count=0, time=time.time(),
+                                 trigger="start", exit_status=None, decision="exclude", drained=at_start,
+                                 excluded=_drained_text(at_start),
+                                 reason=f"starting without drained {_drained_text(at_start)}")
+                    self._record(d, launch)
+                    at_start = []
                 started = time.time()
                 try:
                     launch.start()
@@ -325,6 +388,9 @@ class Supervisor:
             record = self._wait_verdict(started)
         if record is not None:
             self.handled.add(_key(record))
+            culprit_host = (record.get("culprit") or {}).get("host")
+            if isinstance(culprit_host, str) and culprit_host and self.hosts:
+                self.hosts.add(culprit_host)
             base.update(failure_id=record.get("failure_id"), kind=record.get("kind"),
                         root_cause=record.get("root_cause"), culprit=record.get("culprit"))
             try:
@@ -376,6 +442,11 @@ class Supervisor:
                 self.mode == "always" and action == "exclude_node_and_restart"):
             self._exclude(record, d)
             d.decision = "exclude_and_restart"
+        drained = self.exclude_drained()
+        if drained:
+            d.drained = drained
+            d.decision = "exclude_and_restart"
+            d.excluded = ", ".join(x for x in (d.excluded, "drained " + _drained_text(drained)) if x)
         self.restart_times.append(now)
         d.restarts_in_window = len(self.restart_times)
         d.reason = (f"restart {len(self.restart_times)} of {self.policy.budget.max_restarts} in "
@@ -437,6 +508,21 @@ def _duration(seconds: float | None) -> str:
     if s < 7200:
         return f"{s / 60:.0f} min"
     return f"{s / 3600:.1f} h"
+
+
+def _drained_text(entries: list[dict[str, Any]]) -> str:
+    return ", ".join(e["device_id"] for e in entries)
+
+
+def _this_host() -> str | None:
+    """This host's name as the instrumentation reports it (host.name from OTEL_RESOURCE_ATTRIBUTES, else ...)."""
+    try:
+        from otel_gpu.instrumentation._identity import Identity
+        from otel_gpu.instrumentation.config import InstrumentationConfig
+
+        return Identity("-", None, InstrumentationConfig.from_env(dict(os.environ)).resource_attributes).host
+    except Exception:  # noqa: BLE001 - unknown host: the drained-device query asks for all hosts
+        return None
 
 
 def _all_gpus() -> list[str]:

@@ -6,6 +6,8 @@ Put it in the logs pipeline after ``attribution``; it keeps, per job, the latest
 - ``GET /api/v1/failures?job_id=ID`` -> ``{"failures": [...]}`` newest first: the same records as
   ``otel-gpu report --format json`` (DESIGN section 3); ``&since=UNIX_S`` keeps those detected at or after it;
   ``&include_withdrawn=1`` keeps withdrawn ones;
+- ``GET /api/v1/devices?state=drain|watch[&host=H1,H2]`` -> ``{"devices": [...]}``: the latest health state of each
+  device (from the ``health`` processor's ``otel_gpu.device.state_change`` events), most recent change first;
 - ``GET /health`` -> ``{"status": "ok"}`` (open, even with auth).
 
 Loopback by default (127.0.0.1:4319), with the same bearer-token and TLS settings as the otlp receiver.

@@ -33,11 +33,12 @@ class VerdictExporterConfig:
     endpoint: str = f"127.0.0.1:{DEFAULT_PORT}"
     max_jobs: int = 1000  # jobs remembered; the least recently updated is forgotten first
     max_failures_per_job: int = 200  # newest failures kept per job
+    max_devices: int = 100_000  # device states kept (latest per device id); the least recently changed goes first
     tls: ServerTlsConfig | None = None  # {cert_file, key_file, client_ca_file}
     auth: BearerAuthConfig | None = None  # {bearer_token_file} or {bearer_token: ${env:VAR}}
 
     def validate(self) -> None:
         parse_endpoint(self.endpoint)
-        for key in ("max_jobs", "max_failures_per_job"):
+        for key in ("max_jobs", "max_failures_per_job", "max_devices"):
             if getattr(self, key) < 1:
                 raise ValueError(f"{key} must be >= 1 (got {getattr(self, key)})")

@@ -17,12 +17,17 @@ from otel_gpu.component import ComponentHost, Exporter, ExportResult
 from otel_gpu.exporters.verdict.config import VerdictExporterConfig, parse_endpoint
 from otel_gpu.pdata import Batch, Signal
 from otel_gpu.schema import failure as failure_schema
+from otel_gpu.schema import health as health_schema
 
 __all__ = ["VerdictExporter", "failure_key"]
 
 _logger = logging.getLogger(__name__)
 _FAILURE = failure_schema.FAILURE_EVENT.name
+_STATE_CHANGE = health_schema.STATE_CHANGE_EVENT.name
 _PATH = "/api/v1/failures"
+_DEVICES_PATH = "/api/v1/devices"
+_DEVICE_FIELDS = ("device_id", "kind", "host", "uuid", "gpu_index", "state", "since", "time", "evidence")
+_STATES = ("healthy", "watch", "drain")
 
 
 def failure_key(record: dict[str, Any]) -> str:
@@ -43,6 +48,13 @@ def _version(record: dict[str, Any]) -> float:
 def _detected(record: dict[str, Any]) -> float:
     try:
         return float(record.get("detected_time") or 0)
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def _number(value: Any) -> float:
+    try:
+        return float(value or 0)
     except (TypeError, ValueError):
         return 0.0
 
@@ -70,6 +82,8 @@ class VerdictExporter(Exporter):
     def __init__(self, config: VerdictExporterConfig, host: ComponentHost):
         super().__init__(config, host)
         self._jobs: collections.OrderedDict[str, _JobFailures] = collections.OrderedDict()
+        #: The latest state per device id (from otel_gpu.device.state_change), least recently changed first.
+        self._devices: collections.OrderedDict[str, dict[str, Any]] = collections.OrderedDict()
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -82,13 +96,18 @@ class VerdictExporter(Exporter):
         for rl in batch.message.resource_logs:
             for sl in rl.scope_logs:
                 for record in sl.log_records:
-                    if _event_name(record) != _FAILURE or record.body.WhichOneof("value") != "string_value":
+                    name = _event_name(record)
+                    if name not in (_FAILURE, _STATE_CHANGE) or record.body.WhichOneof("value") != "string_value":
                         continue
                     try:
                         body = json.loads(record.body.string_value)
                     except (ValueError, RecursionError):
                         continue
-                    if isinstance(body, dict) and isinstance(body.get("job_id"), str) and body["job_id"]:
+                    if not isinstance(body, dict):
+                        continue
+                    if name == _STATE_CHANGE:
+                        self.add_device_state(body)
+                    elif isinstance(body.get("job_id"), str) and body["job_id"]:
                         self.add(body)
         return ExportResult.SUCCESS
 
@@ -110,6 +129,28 @@ class VerdictExporter(Exporter):
             job.updated = time.time()
             while len(job.by_key) > self.config.max_failures_per_job:
                 job.by_key.popitem(last=False)
+
+    def add_device_state(self, body: dict[str, Any]) -> None:
+        """Keeps the latest state of the device (a later ``time`` supersedes); bounded by ``max_devices``."""
+        device = body.get("device_id")
+        if not isinstance(device, str) or not device or body.get("state") not in _STATES:
+            return
+        record = {k: body.get(k) for k in _DEVICE_FIELDS}
+        with self._lock:
+            known = self._devices.get(device)
+            if known is not None and _number(known.get("time")) > _number(record.get("time")):
+                return
+            self._devices[device] = record
+            self._devices.move_to_end(device)
+            while len(self._devices) > self.config.max_devices:
+                self._devices.popitem(last=False)
+
+    def devices(self, states: tuple[str, ...] = ("watch", "drain"),
+                hosts: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+        """The devices whose latest state is one of ``states`` (on ``hosts``, if given), most recent change first."""
+        with self._lock:
+            records = [dict(r) for r in self._devices.values()]
+        return [r for r in reversed(records) if r.get("state") in states and (not hosts or r.get("host") in hosts)]
 
     def failures(self, job_id: str | None, since: float | None = None,
                  include_withdrawn: bool = False) -> list[dict[str, Any]]:
@@ -233,10 +274,19 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(401, {"error": "unauthorized: send Authorization: Bearer <token>"},
                        (("WWW-Authenticate", 'Bearer realm="otel-gpu"'),))
             return
-        if url.path != _PATH:
-            self._send(404, {"error": f"not found: try {_PATH}?job_id=ID or /health"})
-            return
         query = parse_qs(url.query)
+        if url.path == _DEVICES_PATH:
+            states = tuple(s for v in query.get("state") or ["watch,drain"] for s in v.split(",") if s)
+            bad = [s for s in states if s not in _STATES]
+            if bad:
+                self._send(400, {"error": f"state must be one of {', '.join(_STATES)} (got {bad[0]!r})"})
+                return
+            hosts = tuple(h for v in query.get("host") or [] for h in v.split(",") if h)
+            self._send(200, {"devices": self.owner.devices(states, hosts)})
+            return
+        if url.path != _PATH:
+            self._send(404, {"error": f"not found: try {_PATH}?job_id=ID, {_DEVICES_PATH}?state=drain or /health"})
+            return
         job_id = (query.get("job_id") or [None])[0]
         since = None
         if query.get("since"):
