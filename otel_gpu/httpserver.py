@@ -38,7 +38,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from wsgiref.simple_server import WSGIServer
 
 __all__ = ["HANDSHAKE_TIMEOUT_S", "MAX_CONNECTIONS", "READ_TIMEOUT_S", "ThreadedHttpServer", "WsgiHttpServer",
-           "make_server", "serve", "stop"]
+           "make_server", "serve", "stop", "url"]
 
 _logger = logging.getLogger(__name__)
 
@@ -162,3 +162,12 @@ def stop(server: ThreadedHttpServer, timeout_s: float = 5.0) -> None:
         server.shutdown()
         thread.join(timeout_s)
     server.server_close()
+
+
+def url(server: ThreadedHttpServer | None) -> str:
+    """``http(s)://host:port`` of the bound address (``[v6]`` bracketed, https with TLS); ``""`` for no server."""
+    if server is None:
+        return ""
+    host, port = server.server_address[:2]
+    host = f"[{host}]" if ":" in host else host
+    return f"{'https' if server.ssl_context is not None else 'http'}://{host}:{port}"

@@ -111,7 +111,7 @@ service:
                                                    "action": "auto_restart"},
                                "trigger": "exit", "printed": True, "ended": time.time()})
         assert decision.decision == "restart" and decision.drained is None  # nothing new drained since
-        fresh = supervisor(f"devices: {{exclude_drained: true}}\nhooks: {{exclude_gpu: true}}\n")
+        fresh = supervisor("devices: {exclude_drained: true}\nhooks: {exclude_gpu: true}\n")
         decision = fresh._decide(_Launch(), 0, 0, time.time() - 1,
                                  {"rc": 1, "record": {"failure_id": "f2", "kind": "crash", "root_cause": "oom",
                                                       "action": "auto_restart"},

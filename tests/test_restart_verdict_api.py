@@ -144,3 +144,59 @@ def test_exclude_hook_gets_the_culprit_shell_quoted_and_gpu_is_left_out(tmp_path
     assert decision.hook["exit_code"] == 0 and decision.excluded == "host node 7; rm -rf /, GPU 2"
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
     assert sup._cuda_env() == {"CUDA_VISIBLE_DEVICES": "0,1,3"}
+
+
+def test_tls_on_the_shared_server_and_device_states(tmp_path):
+    """The verdict API on otel_gpu.httpserver with TLS: the supervisor's client (CA file) reads failures and the
+    latest drained devices; a plaintext client gets nothing; a later state of a device supersedes."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    from otel_gpu import httpserver
+    from otel_gpu.schema import health as H
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                           critical=False).sign(key, hashes.SHA256()))
+    (tmp_path / "cert.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (tmp_path / "key.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                                         serialization.PrivateFormat.PKCS8,
+                                                         serialization.NoEncryption()))
+    exporter = _exporter({"endpoint": "127.0.0.1:0", "max_devices": 2,
+                          "tls": {"cert_file": str(tmp_path / "cert.pem"), "key_file": str(tmp_path / "key.pem")}})
+    try:
+        assert isinstance(exporter._server, httpserver.ThreadedHttpServer) and exporter.url.startswith("https://")
+        exporter.export(_failure_batch(_record("f1", 1)))
+        states = [{"device_id": "gpu:GPU-a", "kind": "gpu", "host": "h1", "uuid": "GPU-a", "gpu_index": 0,
+                   "state": "drain", "since": 10.0, "time": 10.0, "evidence": ["remap failed"]},
+                  {"device_id": "gpu:GPU-a", "kind": "gpu", "host": "h1", "uuid": "GPU-a", "gpu_index": 0,
+                   "state": "watch", "since": 5.0, "time": 5.0, "evidence": []},  # older: ignored
+                  {"device_id": "node:h2", "kind": "node", "host": "h2", "state": "drain", "since": 11.0,
+                   "time": 11.0}, {"device_id": ["bad"], "state": "drain"}, {"device_id": "x", "state": "broken"}]
+        req = _export.logs_request(_export.make_resource({"service.name": "otel-gpu"}),
+                                   [(H.STATE_CHANGE_EVENT.name, 1, {}, s, _export.WARN) for s in states])
+        exporter.export(Batch.from_message(Signal.LOGS, req))
+        client = VerdictClient(exporter.url, ca_file=str(tmp_path / "cert.pem"))
+        assert [f["failure_id"] for f in client.failures("job-a")] == ["f1"]
+        assert [d["device_id"] for d in client.devices("drain")] == ["node:h2", "gpu:GPU-a"]
+        assert [d["device_id"] for d in client.devices("drain", ("h1",))] == ["gpu:GPU-a"]
+        assert client.devices("watch") == []
+        with pytest.raises(VerdictUnavailable):
+            VerdictClient(exporter.url.replace("https", "http")).devices()
+        exporter.export(Batch.from_message(Signal.LOGS, _export.logs_request(
+            _export.make_resource({}), [(H.STATE_CHANGE_EVENT.name, 1, {}, {"device_id": f"gpu:GPU-{i}", "kind": "gpu",
+                                         "state": "watch", "time": 20.0 + i}, _export.WARN) for i in range(3)])))
+        assert len(exporter.devices(("healthy", "watch", "drain"))) == 2  # max_devices: the oldest changes go
+    finally:
+        exporter.shutdown()

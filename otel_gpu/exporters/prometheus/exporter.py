@@ -79,11 +79,7 @@ class PrometheusExporter(Exporter):
 
     @property
     def url(self) -> str:
-        if self._server is None:
-            return ""
-        host = self._server.server_address[0]
-        host = f"[{host}]" if ":" in host else host
-        return f"{'https' if self.config.tls else 'http'}://{host}:{self.port}"
+        return httpserver.url(self._server)
 
     def _app(self, environ: dict, start_response: Any) -> list[bytes]:
         path = environ.get("PATH_INFO", "/")

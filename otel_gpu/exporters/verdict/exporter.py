@@ -4,15 +4,14 @@ from __future__ import annotations
 import collections
 import json
 import logging
-import socket
-import ssl
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from otel_gpu._security import BearerChecker, server_ssl_context
+from otel_gpu import httpserver
+from otel_gpu.security import BearerChecker, server_ssl_context
 from otel_gpu.component import ComponentHost, Exporter, ExportResult
 from otel_gpu.exporters.verdict.config import VerdictExporterConfig, parse_endpoint
 from otel_gpu.pdata import Batch, Signal
@@ -77,7 +76,8 @@ class _JobFailures:
 
 
 class VerdictExporter(Exporter):
-    """``export()`` parses failure events under a lock (no I/O); a threaded HTTP server (daemon threads) answers."""
+    """``export()`` parses failure and device-state events under a lock (no I/O); the collector's shared HTTP(S)
+    server (:mod:`otel_gpu.httpserver`: TLS per connection, bounded connections and read timeouts) answers."""
 
     def __init__(self, config: VerdictExporterConfig, host: ComponentHost):
         super().__init__(config, host)
@@ -85,8 +85,7 @@ class VerdictExporter(Exporter):
         #: The latest state per device id (from otel_gpu.device.state_change), least recently changed first.
         self._devices: collections.OrderedDict[str, dict[str, Any]] = collections.OrderedDict()
         self._lock = threading.Lock()
-        self._server: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
+        self._server: httpserver.ThreadedHttpServer | None = None
         self._auth: BearerChecker | None = None
 
     # -- pipeline side -------------------------------------------------------------------------------------------
@@ -172,11 +171,7 @@ class VerdictExporter(Exporter):
 
     @property
     def url(self) -> str:
-        if self._server is None:
-            return ""
-        host = self._server.server_address[0]
-        host = f"[{host}]" if ":" in host else host
-        return f"{'https' if self.config.tls else 'http'}://{host}:{self.port}"
+        return httpserver.url(self._server)
 
     def start(self) -> None:
         host, port = parse_endpoint(self.config.endpoint)
@@ -187,69 +182,26 @@ class VerdictExporter(Exporter):
         class Handler(_Handler):
             owner = exporter
 
-        server_class: type = _Server
-        if self.config.tls is not None:
-            server_class = type("_TlsServer", (_TlsServer,), {"ssl_context": server_ssl_context(self.config.tls)})
-        if ":" in host:
-            server_class = type("_Server6", (server_class,), {"address_family": socket.AF_INET6})
+        ssl_context = server_ssl_context(self.config.tls) if self.config.tls is not None else None
         try:
-            self._server = server_class((host, port), Handler)
+            self._server = httpserver.serve(host, port, Handler, ssl_context=ssl_context, what="verdict",
+                                            thread_name=f"otel-gpu-verdict-{self.host.component_id}")
         except OSError as exc:
             hint = (f"port {port} is already in use (another collector?); set exporters.{self.host.component_id}"
                     ".endpoint to a free port") if port else "check the host address"
             raise RuntimeError(f"verdict exporter cannot listen on {self.config.endpoint}: {exc.strerror or exc}; "
                                f"{hint}") from None
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.2},
-                                        name=f"otel-gpu-verdict-{self.host.component_id}", daemon=True)
-        self._thread.start()
         _logger.info("verdict exporter %s serving %s%s", self.host.component_id, self.url, _PATH)
 
     def shutdown(self, timeout_s: float = 5.0) -> None:
         server, self._server = self._server, None
-        if server is None:
-            return
-        server.shutdown()
-        server.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def server_bind(self) -> None:
-        # HTTPServer.server_bind resolves the host name (socket.getfqdn), which can stall without DNS; skip it.
-        self.socket.bind(self.server_address)
-        self.server_address = self.socket.getsockname()
-        self.server_name, self.server_port = str(self.server_address[0]), self.server_address[1]
-
-
-class _TlsServer(_Server):
-    """TLS per connection, on the connection's own thread: a stalled handshake never blocks other clients."""
-
-    ssl_context: ssl.SSLContext
-
-    def finish_request(self, request, client_address) -> None:
-        request.settimeout(10.0)
-        try:
-            tls = self.ssl_context.wrap_socket(request, server_side=True)
-        except (OSError, ssl.SSLError) as exc:
-            _logger.debug("verdict: TLS handshake with %s failed: %s", client_address, exc)
-            return
-        try:
-            tls.settimeout(30.0)
-            super().finish_request(tls, client_address)
-        finally:
-            try:
-                tls.close()
-            except OSError:
-                pass
+        if server is not None:
+            httpserver.stop(server, timeout_s)
 
 
 class _Handler(BaseHTTPRequestHandler):
     owner: VerdictExporter
     server_version = "otel-gpu-verdict"
-    timeout = 30
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
         """Requests are not logged (``run`` polls every second)."""
