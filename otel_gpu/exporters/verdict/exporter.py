@@ -37,25 +37,19 @@ def failure_key(record: dict[str, Any]) -> str:
     return f"{record.get('kind')}|{record.get('root_cause')}|{record.get('onset_time')}|{record.get('signature')}"
 
 
-def _version(record: dict[str, Any]) -> float:
-    try:
-        return float(record.get("version") or 0)
-    except (TypeError, ValueError):
-        return 0.0
-
-
-def _detected(record: dict[str, Any]) -> float:
-    try:
-        return float(record.get("detected_time") or 0)
-    except (TypeError, ValueError):
-        return 0.0
-
-
 def _number(value: Any) -> float:
     try:
         return float(value or 0)
     except (TypeError, ValueError):
         return 0.0
+
+
+def _version(record: dict[str, Any]) -> float:
+    return _number(record.get("version"))
+
+
+def _detected(record: dict[str, Any]) -> float:
+    return _number(record.get("detected_time"))
 
 
 def _event_name(record: Any) -> str:
