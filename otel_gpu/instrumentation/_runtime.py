@@ -773,10 +773,11 @@ class Runtime:
                 name, created, e = newest
                 inflight = {"kind": "flight_recorder", "op": _flight.entry_op(e), "pg": name,
                             "seq": int(e["collective_seq_id"]), "since": created / 1e9}
-        if inflight is None and not self._steps_done:
-            # Starting up (imports, rendezvous, building the model and DDP) with nothing in flight: initialization,
-            # not a hang. On a busy node this took 7 s between init_process_group and the first collective and read
-            # as a job-wide hang (the multi-node bed, tests/test_multihost.py).
+        if inflight is None and not self._steps_done and not NS["_w"]:
+            # Starting up (imports, rendezvous, building the model and DDP) with nothing in flight and nothing
+            # recorded yet: initialization, not a hang. On a busy node this took 7 s between init_process_group and
+            # the first collective and read as a job-wide hang (the multi-node bed, tests/test_multihost.py). Once
+            # a collective ran, a rank that stops in user code before its first step is stalled (its peers wait).
             stalled_s = 0.0
         last_seq = dict(last_started)
         if inflight is not None and inflight.get("pg") and not inflight.get("p2p"):
