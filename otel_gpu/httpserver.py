@@ -79,6 +79,10 @@ class ThreadedHttpServer(ThreadingHTTPServer):
             if not full:
                 self._open += 1
         if full:
+            if not self._warned_full:  # logged before the answer goes out, so whoever got the 503 can find the line
+                self._warned_full = True
+                _logger.warning("%s: %d connections open; refusing more with 503 until some close (logged once)",
+                                self.what, self.max_connections)
             if self.ssl_context is None:
                 try:
                     request.settimeout(1.0)
@@ -86,10 +90,6 @@ class ThreadedHttpServer(ThreadingHTTPServer):
                 except OSError:
                     pass
             self.shutdown_request(request)
-            if not self._warned_full:
-                self._warned_full = True
-                _logger.warning("%s: %d connections open; refusing more with 503 until some close (logged once)",
-                                self.what, self.max_connections)
             return
         try:
             super().process_request(request, client_address)

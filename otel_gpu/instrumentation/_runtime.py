@@ -206,6 +206,8 @@ class Runtime:
         try:
             self.client.reset_backoff()
             self._cycle(final=True)
+            if self._steps_done and self._may_send_metrics():  # a rank that dies before its first heartbeat
+                self.client.send_metrics(self._metrics_request())  # still reports its step time
         except Exception:  # noqa: BLE001
             _logger.debug("otel-gpu flush failed", exc_info=True)
             ok = False
@@ -811,12 +813,15 @@ class Runtime:
         mp.spawn's parent or a torchrun-launched tool."""
         return self.identity.rank is not None or self._steps_done > 0
 
+    def _may_send_metrics(self) -> bool:
+        """Not before the job id is agreed (when the process group is created): a record now would start a stray
+        job."""
+        return not (self.identity_generated and (self.identity.world_size or 0) > 1
+                    and time.monotonic() - self._started_mono < 120.0)
+
     def heartbeat(self) -> None:
-        if not self.is_training_process():
+        if not self.is_training_process() or not self._may_send_metrics():
             return
-        if self.identity_generated and (self.identity.world_size or 0) > 1 and \
-                time.monotonic() - self._started_mono < 120.0:
-            return  # the job id is agreed when the process group is created: a heartbeat now would start a stray job
         attrs, body = self.progress()
         self.log(tr.PROGRESS_EVENT, attrs, body, now=True)
         try:
