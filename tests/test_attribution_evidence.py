@@ -124,3 +124,24 @@ def test_the_interfaces_a_rank_names_are_parsed_as_nccl_and_gloo_write_them():
     assert _ifaces("=mlx5_0:1,mlx5_1") == frozenset({"mlx5_0", "mlx5_1"})
     assert _ifaces(["ib0", " eth2 "]) == frozenset({"ib0", "eth2"})
     assert _ifaces("^mlx5_2") is None and _ifaces("") is None
+
+
+def test_an_application_xid_from_before_the_ranks_process_existed_is_not_its_own():
+    """XID 13 without a pid, 15 s before a rank's crash but 5 s before its process was created: an earlier
+    program's error on that GPU (seen on a dirty host in the adversarial suite: a SIGKILL was named gpu_xid). The
+    same XID after the process started counts; a hardware XID from before the job still counts (the GPU is broken)."""
+    rank = Identity("j", 0, host="n0", pid=1000, local_rank=0, gpu_uuid="GPU-a", started=T0 - 10)
+    ev = DeviceEvidence()
+    _gpu(ev, T0 - 30)
+    ev.observe_xid(XidSeen("n0", "0", 13, T0 - 15, pid=None))
+    assert ev.gpu_faults(rank, T0) == []
+    (fault,) = ev.gpu_faults(Identity("j", 0, host="n0", pid=1000, local_rank=0, gpu_uuid="GPU-a"), T0)
+    assert fault.details["xid"] == 13, "without a creation time the old rule holds"
+    ev.observe_xid(XidSeen("n0", "0", 13, T0 - 2, pid=None))
+    (fault,) = ev.gpu_faults(rank, T0)
+    assert (fault.details["xid"], fault.onset, fault.hardware) == (13, T0 - 2, False)
+    hw = DeviceEvidence()
+    _gpu(hw, T0 - 30)
+    hw.observe_xid(XidSeen("n0", "0", 79, T0 - 15, pid=None))
+    (fault,) = hw.gpu_faults(rank, T0)
+    assert (fault.cause, fault.hardware) == (RootCause.GPU_FELL_OFF_BUS, True)

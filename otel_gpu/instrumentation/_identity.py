@@ -21,15 +21,41 @@ Example:
 """
 from __future__ import annotations
 
+import datetime
 import logging
 import os
 import socket
 import sys
+import time
 import uuid
 
 from otel_gpu.schema import identity as ids
 
 _logger = logging.getLogger(__name__)
+
+
+def process_creation_time(pid: int | str = "self") -> float:
+    """When the process was created (unix seconds): its start in ``/proc/<pid>/stat`` (clock ticks since boot) plus
+    the boot time in ``/proc/stat``; the current time where /proc says nothing (not Linux).
+
+    >>> import time
+    >>> 0 <= time.time() - process_creation_time() < 3600
+    True
+    """
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()  # the command name may hold spaces and parentheses
+        ticks = int(fields[19])  # field 22 of proc(5), counted after the name
+        with open("/proc/stat", "rb") as f:
+            btime = next(int(line.split()[1]) for line in f if line.startswith(b"btime "))
+        return btime + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return time.time()
+
+
+def _iso(t: float) -> str:
+    return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).isoformat(timespec="milliseconds") \
+        .replace("+00:00", "Z")
 
 
 def _int_env(name: str) -> int | None:
@@ -127,6 +153,7 @@ class Identity:
         self.host = (self.extra.get(str(ids.HOST_NAME)) or self.extra.get("k8s.node.name")
                      or socket.gethostname())
         self.pid = os.getpid()
+        self.created = _iso(process_creation_time())
         self.net_interfaces = net_interfaces_from_env(os.environ)
         self.gpu_index: int | None = None
         self.gpu_uuid: str | None = None
@@ -175,6 +202,7 @@ class Identity:
         attrs[str(ids.JOB_ID)] = self.job_id
         attrs[str(ids.HOST_NAME)] = self.host
         attrs[str(ids.PROCESS_PID)] = self.pid
+        attrs[str(ids.PROCESS_CREATION_TIME)] = self.created
         for key, value in ((ids.RANK, self.rank), (ids.LOCAL_RANK, self.local_rank),
                            (ids.WORLD_SIZE, self.world_size), (ids.RESTART_COUNT, self.restart_count),
                            (ids.GPU_INDEX, self.gpu_index), (ids.GPU_UUID, self.gpu_uuid),

@@ -18,6 +18,10 @@ NET_INTERFACES = attr("training.net.interfaces", "string",
                       "NCCL_SOCKET_IFNAME, NCCL_IB_HCA); only their ports are network evidence for the job.", group=_G)
 HOST_NAME = attr("host.name", "string", "Host name of the node.", group=_G, semconv=True)
 PROCESS_PID = attr("process.pid", "int", "Process id.", group=_G, semconv=True)
+PROCESS_CREATION_TIME = attr("process.creation.time", "string",
+                             "When the process was created (ISO 8601, UTC). The collector uses it to tell a rank's "
+                             "own application XIDs from those of a process that ran on its GPU before it.", group=_G,
+                             semconv=True)
 SERVICE_NAME = attr("service.name", "string", "OTEL_SERVICE_NAME; defaults to otel-gpu-training.", group=_G,
                     semconv=True)
 HW_ID = attr("hw.id", "string", "An identifier for the hardware component, unique within the host: a GPU's UUID; "

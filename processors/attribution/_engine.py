@@ -197,8 +197,8 @@ class Engine:
         rank_no = next(n for n, f in found if f is fault)
         rank = job.ranks[rank_no]
         # what the symptom's detector said without the hardware, less its "nothing seen" clause (now untrue)
-        before = finding.summary.replace(", with no hardware signal", "").replace(
-            " and no hardware or network fault was seen", "")
+        before = finding.summary.removesuffix(finding.no_fault_clause) if finding.no_fault_clause else finding.summary
+        finding.no_fault_clause = ""
         finding.cause, finding.fault = fault.cause, fault
         finding.onset = min(finding.onset, fault.onset)
         finding.rank, finding.host, finding.gpu = rank_no, fault.host, fault.gpu

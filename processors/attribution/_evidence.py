@@ -11,8 +11,10 @@ A hardware or network fact counts only if it *began* inside the causal window of
 - an error counter counts when its rise inside the window is at least ``_MIN_RISE`` and more than four times what
   the device's own background rate (learned from its history before the window) predicts;
 - an XID counts when it happened inside the window, on the rank's GPU or with the rank's pid; application XIDs
-  (13, 31, 43, 45) are software (the application restarts, the node stays) and must carry the rank's pid when they
-  carry one; the earliest XID of a burst is the cause (45 is cleanup after another).
+  (13, 31, 43, 45) are software (the application restarts, the node stays), must carry the rank's pid when they
+  carry one, and without a pid must not predate the rank's process (``process.creation.time``): an earlier
+  program's error on the same GPU is not this rank's; the earliest XID of a burst is the cause (45 is cleanup after
+  another).
 
 Network evidence comes only from the ports the job uses when the ranks say which (``Identity.net_ifaces``), else
 from ports that were up when the job started.
@@ -108,6 +110,7 @@ _MIN_RISE_DEFAULT = 3.0
 _BACKGROUND_FACTOR = 4.0  # a rise must exceed this many times what the background rate predicts
 _MIN_HISTORY_S = 30.0  # a background rate needs this much history before the window
 _MIN_BURST_HISTORY_S = 10.0  # else: the rate from the first sample to where the rise began, with this much
+_CLOCK_SLACK_S = 1.0  # process creation time (from /proc, 10 ms ticks) against the XID's time on the same node
 _XID_BURST_GAP_S = 5.0  # XIDs closer than this to the previous one belong to its burst
 _BURST_STEP = 10.0  # with no background known, an error counter counts only when one poll adds this many
 _JOB_START_SLACK_S = 5.0  # the collector hears of a job this long after it started, at most (its first heartbeat)
@@ -361,6 +364,9 @@ class DeviceEvidence:
                 cls, cause, _ = classify_xid(x.code)
                 if x.pid is not None and who.pid is not None and not by_pid and cls is not XidClass.HARDWARE:
                     continue  # another process's own error on a shared GPU
+                if cls is not XidClass.HARDWARE and not by_pid and who.started is not None \
+                        and x.time < who.started - _CLOCK_SLACK_S:
+                    continue  # before the rank's process existed: an earlier program's own error, not this one's
                 if WINDOWS[cause].contains(x.time, symptom):
                     candidates.append((x, by_pid))
         if not candidates:

@@ -329,7 +329,8 @@ def _all_waiting(engine: Engine, job: JobState, roots: list[RankState], onset: f
                        dict(details, op="/".join(sorted(str(x[0]) for x in by_sig))))
     finding = Finding(Kind.HANG, RootCause.UNKNOWN, onset, 0.4, None, None, None, list(base_ev),
                       f"every rank waits in {what} and no hardware or network fault was seen", details,
-                      explainable_by=[r.rank for r in roots])
+                      explainable_by=[r.rank for r in roots],
+                      no_fault_clause=" and no hardware or network fault was seen")
     engine.explain(finding, job, throttle=False)
     return finding
 

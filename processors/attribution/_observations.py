@@ -22,6 +22,7 @@ class Identity:
     restart_count: int = 0
     gpu_uuid: str | None = None  # the CUDA device's UUID ("GPU-..."), the surest join to NVML
     net_ifaces: frozenset[str] | None = None  # network interfaces / HCAs the rank communicates over, when known
+    started: float | None = None  # when the rank's process was created (process.creation.time), when known
 
 
 @dataclass

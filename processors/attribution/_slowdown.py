@@ -163,7 +163,7 @@ def _attribute(engine: Engine, job: JobState, base: float) -> Finding:
     elif kind_of == "compute":
         finding = Finding(Kind.SLOWDOWN, RootCause.STRAGGLER_COMPUTE, onset, 0.8, rank.rank, rank.who.host, None, ev,
                           f"{head}: rank {rank.rank} computes slower than its peers, with no hardware signal",
-                          {"reason": "compute"}, explainable_by=suspects)
+                          {"reason": "compute"}, explainable_by=suspects, no_fault_clause=", with no hardware signal")
     elif kind_of == "network":
         # Every rank waits longer in its collectives and none computes or loads slower: the network between the
         # ranks (or the collective library) slowed. Which node's link it is cannot be told from collective timing (in

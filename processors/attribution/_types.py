@@ -81,3 +81,6 @@ class Finding:
     explainable_by: list[int] = field(default_factory=list)
     symptom_time: float | None = None  # the time causal windows are centred on (default: onset)
     fault: Fault | None = None  # the hardware or network fault the verdict rests on, if any
+    #: The end of ``summary`` that says no fault was seen ("with no hardware signal"); the engine drops it when a
+    #: fault (maybe a late one) explains the finding after all.
+    no_fault_clause: str = ""

@@ -7,6 +7,8 @@ Batches pass through unchanged, except spans of a rank under an active slowdown 
 """
 from __future__ import annotations
 
+import datetime
+
 import json
 import logging
 import os
@@ -82,7 +84,23 @@ def _identity(res: dict[str, Any]) -> Identity | None:
     return Identity(job_id=str(job), rank=rank, host=_text(res.get(str(I.HOST_NAME))), pid=_int(res.get(str(I.PROCESS_PID))),
                     local_rank=_int(res.get(str(I.LOCAL_RANK))), world_size=_int(res.get(str(I.WORLD_SIZE))),
                     gpu=None if gpu is None else str(gpu), restart_count=_int(res.get(str(I.RESTART_COUNT))) or 0,
-                    gpu_uuid=str(uuid) if uuid else None, net_ifaces=_ifaces(res.get(NET_INTERFACES)))
+                    gpu_uuid=str(uuid) if uuid else None, net_ifaces=_ifaces(res.get(NET_INTERFACES)),
+                    started=_iso_seconds(res.get(str(I.PROCESS_CREATION_TIME))))
+
+
+def _iso_seconds(value: Any) -> float | None:
+    """An ISO 8601 time (``process.creation.time``) as unix seconds; None when absent or not a time.
+
+    >>> _iso_seconds("2026-12-03T21:40:00.250Z"), _iso_seconds("yesterday"), _iso_seconds(None)
+    (1796334000.25, None, None)
+    """
+    if not isinstance(value, str):
+        return None
+    try:
+        t = datetime.datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return (t if t.tzinfo else t.replace(tzinfo=datetime.timezone.utc)).timestamp()
 
 
 #: The network interfaces / HCAs a rank communicates over: only their ports can be network evidence for the job;
