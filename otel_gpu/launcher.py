@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -26,7 +27,7 @@ from otel_gpu import jobid
 
 _logger = logging.getLogger(__name__)
 
-__all__ = ["run", "bootstrap_dir", "launch_env", "ExitWatcher", "Launch", "resolve_job_id"]
+__all__ = ["run", "bootstrap_dir", "launch_env", "EndWaiter", "ExitWatcher", "Launch", "resolve_job_id"]
 
 
 def bootstrap_dir() -> str:
@@ -73,6 +74,65 @@ def _signame(num: int | None) -> str | None:
         return f"SIG{num}"
 
 
+class EndWaiter:
+    """Sleeps until one of the watched processes ends, or a timeout: the launcher learns of a rank's death when it
+    happens, not at its next poll (``pidfd_open``, Linux >= 5.3; the processes need not be our children). Where
+    pidfds are missing it sleeps the timeout.
+
+    >>> import subprocess, sys, time
+    >>> child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.3)"])
+    >>> waiter = EndWaiter()
+    >>> waiter.watch([child.pid])
+    >>> t0 = time.monotonic(); ended = waiter.wait(10.0); ended or not waiter.supported, time.monotonic() - t0 < 5
+    (True, True)
+    >>> _ = child.wait(); waiter.close()
+    """
+
+    def __init__(self) -> None:
+        self.supported = hasattr(os, "pidfd_open")
+        self._poll = select.poll() if self.supported else None
+        self._fds: dict[int, int] = {}  # fd -> pid
+        self._watched: set[int] = set()
+        self._gone_unseen = False  # a pid that was gone before we could watch it: wake at once
+
+    def watch(self, pids) -> None:
+        if not self.supported:
+            return
+        for pid in pids:
+            if pid in self._watched:
+                continue
+            self._watched.add(pid)
+            try:
+                fd = os.pidfd_open(pid)
+            except ProcessLookupError:
+                self._gone_unseen = True
+                continue
+            except OSError:  # no permission, a kernel without pidfds: this one is found by the periodic scan
+                continue
+            self._fds[fd] = pid
+            self._poll.register(fd, select.POLLIN)
+
+    def wait(self, timeout_s: float) -> bool:
+        """True when a watched process ended (or was gone already) within ``timeout_s``."""
+        if self._gone_unseen:
+            self._gone_unseen = False
+            return True
+        if self._poll is None or not self._fds:
+            time.sleep(max(0.0, timeout_s))
+            return False
+        events = self._poll.poll(max(0, int(timeout_s * 1000)))
+        for fd, _mask in events:
+            self._poll.unregister(fd)
+            os.close(fd)
+            del self._fds[fd]
+        return bool(events)
+
+    def close(self) -> None:
+        for fd in self._fds:
+            os.close(fd)
+        self._fds.clear()
+
+
 class ExitWatcher:
     """Decides, from the registry, how each registered process ended; each process is reported once."""
 
@@ -81,6 +141,7 @@ class ExitWatcher:
         self.on_job_id = on_job_id  # called with the job id the ranks agreed on (otel_gpu.jobid)
         self.grace_s = grace_s
         self.reported: dict[int, dict] = {}
+        self.known: set[int] = set()  # every pid that registered
         self._dead_since: dict[int, float] = {}
 
     def pending(self) -> bool:
@@ -92,6 +153,7 @@ class ExitWatcher:
         from otel_gpu.instrumentation import _registry
 
         procs, events, waits = _registry.read(self.registry)
+        self.known.update(procs)
         if direct is not None and direct[0] not in procs:
             procs[direct[0]] = {"pid": direct[0], "role": "command", "rank": None}
         now = time.monotonic()
@@ -120,6 +182,8 @@ class ExitWatcher:
             elif wait is not None:
                 rep.update(code=wait.get("code", -wait["signal"] if "signal" in wait else None),
                            signal=_signame(wait.get("signal")), source="waitpid")
+            elif not final and now - self._dead_since[pid] < self.grace_s and _will_reap(info, procs):
+                continue  # its instrumented parent is about to write how it ended: more than the process itself knew
             elif ended is not None or signalled is not None:
                 src = ended or signalled
                 rep.update(code=src.get("code", 0 if src.get("how") == "atexit" else None),
@@ -149,6 +213,12 @@ class ExitWatcher:
             self.reported[pid] = rep
             out.append(rep)
         return out
+
+
+def _will_reap(info: dict, procs: dict[int, dict]) -> bool:
+    """The process's parent is instrumented and alive, so it will append the child's wait status shortly."""
+    parent = _int_or_none(info.get("ppid"))
+    return parent is not None and parent in procs and _alive(parent)
 
 
 def _send(client, identity, reports: list[dict]) -> None:
@@ -212,6 +282,7 @@ class Launch:
         self.watcher = ExitWatcher(self.registry, on_job_id=self._adopt if job is not None else None)
         self.proc: subprocess.Popen | None = None
         self.rc: int | None = None
+        self._ends = EndWaiter()
 
     def _adopt(self, agreed: str | None) -> None:
         """The job id the ranks agreed on, for the launcher's own records (otel_gpu.jobid)."""
@@ -223,15 +294,21 @@ class Launch:
         self.proc = subprocess.Popen(self.cmd, env=self.env)
 
     def poll(self, timeout_s: float) -> int | None:
-        """Waits up to ``timeout_s`` for CMD to end, sending the exit records of processes that ended meanwhile;
-        CMD's return code once it ended, else None."""
+        """Waits up to ``timeout_s`` for CMD to end, sending the exit record of each process that ends meanwhile as
+        soon as it ended (woken by its end, then re-reading the registry every 50 ms until its parent wrote how it
+        ended, within the grace period); CMD's return code once it ended, else None."""
         assert self.proc is not None
-        try:
-            self.rc = self.proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self.rc = self.proc.poll()
+            if self.rc is not None:
+                return self.rc
             _send(self.client, self.identity, self.watcher.scan())
-            return None
-        return self.rc
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            self._ends.watch([self.proc.pid, *self.watcher.known])
+            self._ends.wait(min(left, 0.05) if self.watcher.pending() else left)
 
     def finish(self) -> None:
         """After CMD ended: the last exit records. A process that just ended may get its record a moment after its
@@ -263,6 +340,7 @@ class Launch:
         return max((_int_or_none(p.get("restart_count")) or 0 for p in procs.values()), default=0)
 
     def close(self) -> None:
+        self._ends.close()
         self.client.close()
         if not self.keep_registry:
             shutil.rmtree(self.registry, ignore_errors=True)
