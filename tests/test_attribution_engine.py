@@ -170,3 +170,16 @@ def test_clean_exits_are_not_failures():
         engine.observe_heartbeat(Heartbeat(who(r), T0, 60, "step", None), T0)
         engine.observe_exit(ExitSeen(who(r), T0 + 1, 0 if r else None, None), T0 + 1)
     assert run_until(engine, T0 + 1, T0 + 30) == []
+
+
+def test_a_ranks_identity_keeps_its_process_creation_time_when_later_reports_fill_it_in():
+    """Every report about a rank merges into what is known of it; the creation time (which tells an earlier
+    program's XID from the rank's own) was dropped by the merge, and the 60-run suite named an os._exit gpu_xid
+    from an XID 13 seen before the job started."""
+    from otel_gpu.processors.attribution._state import merge_identity
+
+    own = Identity("j", 0, host="n0", pid=1000, started=1_000.0)
+    from_launcher = Identity("j", 0, host="n0", pid=77, local_rank=0, started=900.0)
+    merged = merge_identity(own, from_launcher)
+    assert (merged.pid, merged.local_rank, merged.started) == (1000, 0, 1_000.0)
+    assert merge_identity(Identity("j", 0, host="n0"), own).started == 1_000.0

@@ -99,5 +99,5 @@ def merge_identity(known: Identity, new: Identity) -> Identity:
     """Fills what ``known`` lacks from ``new``; never overwrites (a launcher's report about a rank carries the
     launcher's own pid and no local rank)."""
     fields = {f: getattr(known, f) if getattr(known, f) is not None else getattr(new, f)
-              for f in ("host", "pid", "local_rank", "world_size", "gpu", "gpu_uuid", "net_ifaces")}
+              for f in ("host", "pid", "local_rank", "world_size", "gpu", "gpu_uuid", "net_ifaces", "started")}
     return Identity(known.job_id, known.rank, restart_count=max(known.restart_count, new.restart_count), **fields)
