@@ -61,6 +61,18 @@ def test_error_counters_count_only_above_their_background_rate():
     assert (fault.cause, fault.onset) == (RootCause.NIC_ERRORS, T0 + 605) and "+2" in str(fault.evidence[0])
 
 
+def test_a_burst_on_a_young_collectors_trickle_counts_at_real_clock_values():
+    """A collector 30 s old (no history before the 60 s window): the background is the trickle from the first sample
+    to where the burst began, not including the burst. At unix times near 1.8e9 ``first - 1e-9`` is ``first``, so
+    the burst was counted as its own background and 250 symbol errors were never evidence (60-run suite)."""
+    for base in (T0, 1_796_394_000.0):
+        ev = DeviceEvidence()
+        for t, v in [(807.8, 1843.0), (813.3, 1844.0), (818.3, 1845.0), (823.81, 1846.0), (837.3, 2096.0)]:
+            ev.observe_nic(NicSample("n0", "mlx5_0/1", base + t, up=True, counters={"symbol_error": v}))
+        (fault,) = ev.nic_faults("n0", base + 836.99, job_start=base + 828.2)
+        assert (fault.cause, round(fault.onset - base, 2)) == (RootCause.NIC_ERRORS, 837.3), base
+
+
 def test_power_cap_never_counts_and_hardware_throttles_only_when_they_begin_in_the_window():
     ev = DeviceEvidence()
     _gpu(ev, T0, {"sw_power_cap", "hw_slowdown"})  # both active at the first sample: baseline

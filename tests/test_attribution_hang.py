@@ -252,3 +252,24 @@ def test_a_silent_rank_verdict_is_withdrawn_when_the_rank_reports_and_progresses
             c.heartbeat(r, t, step=8, started={"0": 42 + int(t - T0 - 20)}, stalled=0.1)
     (_, second), = c.run(T0 + 20.5, T0 + 25, back)
     assert (second.failure_id, second.version, second.withdrawn) == (first.failure_id, 2, True)
+
+
+@pytest.mark.parametrize("innermost, expected", [
+    ({"file": "/usr/lib/python3.11/queue.py", "function": "get"}, "user"),  # the user's code waits on a queue
+    ({"file": "/usr/lib/python3.11/threading.py", "function": "wait"}, "user"),
+    ({"file": "/venv/lib/python3.11/site-packages/torch/futures/__init__.py", "function": "wait"}, "software"),
+    ({"file": "/venv/lib/python3.11/site-packages/torch/cuda/__init__.py", "function": "synchronize"}, "software"),
+])
+def test_a_rank_blocked_in_a_librarys_wait_is_not_the_users_fault(innermost, expected):
+    """Only a standard-library call blocks on the user's behalf; a library's own ``wait`` (torch futures, a work
+    handle, a CUDA synchronize behind a dead link) is a rank stuck inside the library, which hardware may explain
+    (the suite's link-down scenario was named the user's fault by function name alone)."""
+    from otel_gpu.processors.attribution._hang import category_by_stack
+    from otel_gpu.processors.attribution._observations import Identity, Stacks
+    from otel_gpu.processors.attribution._state import RankState
+
+    who = Identity("j", 1, host="n0")
+    frames = [{"file": "/home/u/train.py", "function": "main"}, {"file": "/home/u/train.py", "function": "step"},
+              innermost]
+    category, _ = category_by_stack(RankState(who, stacks=Stacks(who, T0, None, frames)))
+    assert category.value == expected

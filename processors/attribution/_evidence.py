@@ -153,6 +153,18 @@ class Series:
         biggest = max(step for _, step in steps)
         return total, next(t for t, step in steps if step >= biggest / 2)
 
+    def rise_before(self, end: float) -> float:
+        """Increase between samples taken strictly before ``end`` (unix seconds are too large for ``end - 1e-9``
+        to be earlier: at 1.8e9 a double's step is 2.4e-7, and the burst itself counted as its own background)."""
+        total, prev = 0.0, None
+        for t, v in self.points:
+            if t >= end:
+                break
+            if prev is not None:
+                total += max(0.0, v - prev if v >= prev else v)
+            prev = v
+        return total
+
     def background_per_s(self, before: float) -> float | None:
         """The counter's own rate before ``before``; None with less than ``_MIN_HISTORY_S`` of history."""
         if self.first_time is None or before - self.first_time < _MIN_HISTORY_S:
@@ -181,7 +193,7 @@ class Series:
             return None
         background = self.background_per_s(window_start)
         if background is None and self.first_time is not None and first - self.first_time >= _MIN_BURST_HISTORY_S:
-            before, _ = self.rise(self.first_time, first - 1e-9)
+            before = self.rise_before(first)
             background = before / (first - self.first_time)
         if background is not None:
             if total <= _BACKGROUND_FACTOR * background * (window_end - window_start):

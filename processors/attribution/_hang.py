@@ -87,8 +87,12 @@ def _fmt_frame(frame: dict | None) -> str | None:
 
 
 def _is_blocking_stdlib(frame: dict) -> bool:
-    return str(frame.get("function")) in {"sleep", "acquire", "wait", "join", "get", "select", "poll", "recv", "read",
-                                          "_wait_for_tstate_lock"}
+    """A standard-library call the user's code blocks in (a queue's get, a lock, a socket): the user's wait. A
+    library's ``wait`` (torch's futures, a collective's work) is not: that rank is stuck inside the library."""
+    file = str(frame.get("file", ""))
+    stdlib = file.startswith("<frozen ") or ("/lib/python3" in file and "-packages/" not in file)
+    return stdlib and str(frame.get("function")) in {"sleep", "acquire", "wait", "join", "get", "select", "poll",
+                                                     "recv", "read", "_wait_for_tstate_lock"}
 
 
 def stack_top(r: RankState) -> str | None:

@@ -133,9 +133,14 @@ def inject(rank: int, step: int, model, world: int) -> None:
     if FAULT == "os_exit":
         begin_fault()
         os._exit(3)
-    if FAULT in ("sleep_before_collective", "comm_hang"):
+    if FAULT == "sleep_before_collective":
         begin_fault()
         time.sleep(3600)
+    if FAULT == "comm_hang":
+        # What a rank behind a dead link looks like on a GPU: blocked inside the library (a CUDA synchronize or
+        # .item() on a NCCL kernel that never completes), not asleep in user code; the future is never completed.
+        begin_fault()
+        torch.futures.Future().wait()
     if FAULT == "agent_restart":
         begin_fault(wait=False)
     if FAULT == "thread_exception":
