@@ -188,6 +188,7 @@ class ScenarioResult:
     first_seen: dict[str, float] = field(default_factory=dict)  # failure key -> when it first showed in the store
     fault_time: float | None = None  # when the faulty rank said the fault began
     first_exit_time: float | None = None  # when the first rank process ended
+    symptom_time: float | None = None  # when the faulty rank was told to show its symptom (after hardware that leads)
     exit_code: int | None = None
     wall_s: float = 0.0
     job_output: str = ""
@@ -205,10 +206,11 @@ class ScenarioResult:
 
     @property
     def store_latency_s(self) -> float | None:
-        """First verdict visible in the store minus the first rank's exit (crashes), else minus the fault's start."""
+        """First verdict visible in the store minus the first rank's exit (crashes), else minus the symptom."""
         if not self.first_seen:
             return None
-        origin = self.first_exit_time or self.fault_time
+        # A record in the store before any rank ended: from the symptom (hardware that leads comes 1.5 s before).
+        origin = self.first_exit_time or self.symptom_time or self.fault_time
         return None if origin is None else min(self.first_seen.values()) - origin
 
     def _rank_for(self, who: str) -> int | None:
@@ -474,6 +476,7 @@ def run_scenario(scenario: Scenario, culprit_rank: int = 1, *, workdir: Path | N
                 if not acked:  # the faulty rank shows its symptom now
                     (workdir / "ack").write_text("ok")
                     acked = True
+                    result.symptom_time = time.time()
                 if not injected and time.time() - result.fault_time >= evidence_lag_s:
                     _inject_hardware(scenario.hardware, fake_nvml(), sysfs, gpu=culprit_rank)
                     injected = True
