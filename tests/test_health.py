@@ -200,6 +200,9 @@ def test_nic_port_flapping_every_few_minutes_goes_watch_then_drain_and_the_quiet
     dev = next(d for d in proc.service.states() if d["device_id"] == flappy)
     assert dev["rules"][0] == "nic_link_flaps" and "link went down" in dev["evidence"][0]
     assert _states(proc)[f"node:{HOST}"] == "drain"
+    # the port is known by its GUID (GID 0's low 64 bits), as a re-cabled or renamed port would be recognised
+    gid = (tmp_path / "class/infiniband/mlx5_0/ports/1/gids/0").read_text().strip()
+    assert dev["guid"] == ":".join(gid.split(":")[4:]) and dev["guid"] != "0000:0000:0000:0000"
 
 
 # -- 3. the same GPU, culprit of three jobs in a row; history in the store, attribution uses it ---------------------

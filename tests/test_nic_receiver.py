@@ -65,7 +65,9 @@ def _run(fs: FakeSysfs, **settings) -> _Run:
 
 
 def test_ib_and_ethernet_counters_are_exported_in_bytes_with_attributes(fs):
-    ib = {"hw.id": "mlx5_0:1", "hw.name": "mlx5_0", "nic.port": 1, "nic.kind": "infiniband", "hw.type": "network"}
+    gid = (fs.root / "class/infiniband/mlx5_0/ports/1/gids/0").read_text().split(":")
+    ib = {"hw.id": "mlx5_0:1", "hw.name": "mlx5_0", "nic.port": 1, "nic.kind": "infiniband", "hw.type": "network",
+          "nic.port.guid": ":".join(g.strip() for g in gid[4:])}
     with _run(fs) as run:
         run.exporter.wait_for(lambda e: run.latest("otel_gpu.nic.io.rate", **ib))
         fs.add_ib("mlx5_0", 1, "port_xmit_data", 1000)  # 1000 four-byte words

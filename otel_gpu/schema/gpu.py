@@ -82,6 +82,9 @@ PROCESS_TYPE = attr("gpu.process.type", "string", "compute or graphics context."
 XID_CODE = attr("gpu.xid.code", "int", "NVIDIA XID error code (e.g. 79: GPU fell off the bus).", group=_GA)
 NIC_PORT = attr("nic.port", "int", "InfiniBand port number (1-based); absent on network interfaces.",
                 group="NIC health attributes")
+NIC_PORT_GUID = attr("nic.port.guid", "string", "The InfiniBand port GUID (the low 64 bits of GID 0, "
+                      "ports/N/gids/0): the port's identity across reboots, renames and re-cabling, which the health "
+                      "history is kept by; absent on network interfaces.", group="NIC health attributes")
 NIC_KIND = attr("nic.kind", "string", "What the nic receiver read: an InfiniBand (or RoCE) HCA port under "
                 "class/infiniband, or a network interface under class/net.", group="NIC health attributes",
                 values=("infiniband", "ethernet"))
@@ -139,7 +142,8 @@ ECC_ERRORS = metric("hw.errors", MetricType.COUNTER, "{error}",
                     "error counters, error.type = the sysfs counter (symbol_error, link_downed, link_error_recovery, "
                     "port_rcv_errors, port_xmit_discards, port_xmit_wait, rx_crc_errors, rx_dropped, "
                     "carrier_changes, ...), counted through resets.", group=_G,
-                    attributes=GPU_ATTRS + (ERROR_TYPE, ECC_COUNTER, HW_NAME, NIC_PORT, NIC_KIND), semconv=True,
+                    attributes=GPU_ATTRS + (ERROR_TYPE, ECC_COUNTER, HW_NAME, NIC_PORT, NIC_KIND, NIC_PORT_GUID),
+                    semconv=True,
                     dcgm="DCGM_FI_DEV_ECC_SBE_VOL_TOTAL, DCGM_FI_DEV_ECC_DBE_VOL_TOTAL, "
                          "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL, DCGM_FI_DEV_ECC_DBE_AGG_TOTAL")
 HW_ERRORS = ECC_ERRORS

@@ -19,7 +19,7 @@ Example:
 from __future__ import annotations
 
 from otel_gpu.schema._model import MetricType, attr, metric
-from otel_gpu.schema.gpu import ERROR_TYPE, HW_ERRORS, NETWORK_IO_DIRECTION, NIC_KIND, NIC_PORT
+from otel_gpu.schema.gpu import ERROR_TYPE, HW_ERRORS, NETWORK_IO_DIRECTION, NIC_KIND, NIC_PORT, NIC_PORT_GUID
 from otel_gpu.schema.identity import HW_ID, HW_NAME, HW_TYPE
 
 _G = "NIC health"
@@ -29,12 +29,13 @@ _GA = "NIC health attributes"
 DEVICE = HW_NAME
 PORT = NIC_PORT
 KIND = NIC_KIND
+PORT_GUID = NIC_PORT_GUID
 COUNTER = attr("nic.counter", "string", "The vendor counter file under ports/N/hw_counters (out_of_buffer, "
                "local_ack_timeout_err, ...).", group=_GA)
 
 #: Identity of every NIC data point: hw.id (mlx5_0:1 or eth0), hw.name (mlx5_0 or eth0), nic.port (InfiniBand
 #: only), nic.kind, hw.type = network.
-NIC_ATTRS = (HW_ID, HW_NAME, PORT, KIND, HW_TYPE)
+NIC_ATTRS = (HW_ID, HW_NAME, PORT, KIND, HW_TYPE, PORT_GUID)
 
 # -- semantic conventions -----------------------------------------------------------------------------------------
 IO = metric("hw.network.io", MetricType.COUNTER, "By", "Received and transmitted network traffic in bytes: "

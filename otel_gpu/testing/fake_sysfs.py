@@ -43,6 +43,7 @@ import copy
 import os
 import threading
 import time
+import zlib
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -101,8 +102,10 @@ class FakeSysfs:
     # -- building -----------------------------------------------------------------------------------------------------
     def add_ib_port(self, device: str, port: int = 1, *, state: str = "4: ACTIVE", phys_state: str = "5: LinkUp",
                     rate: str = "400 Gb/sec (4X NDR)", counters: Mapping[str, int] | None = None,
-                    hw_counters: Mapping[str, int] | None = None, rates: Mapping[str, float] | None = None) -> None:
-        """Adds an InfiniBand port with every standard counter (0 unless given) and mlx5-like hw_counters."""
+                    hw_counters: Mapping[str, int] | None = None, rates: Mapping[str, float] | None = None,
+                    guid: str | None = None) -> None:
+        """Adds an InfiniBand port with every standard counter (0 unless given), mlx5-like hw_counters and GID 0
+        (link-local prefix + the port GUID; by default one derived from the device name and port)."""
         with self._lock:
             d = self._port_dir(device, port)
             (d / "counters").mkdir(parents=True, exist_ok=True)
@@ -119,6 +122,11 @@ class FakeSysfs:
             _write(d / "state", f"{state}\n")
             _write(d / "phys_state", f"{phys_state}\n")
             _write(d / "rate", f"{rate}\n")
+            if guid is None:
+                h = zlib.crc32(f"{device}/{port}".encode())
+                guid = f"0c42:a103:{h >> 16:04x}:{h & 0xffff:04x}"
+            (d / "gids").mkdir(exist_ok=True)
+            _write(d / "gids" / "0", f"fe80:0000:0000:0000:{guid}\n")
 
     def add_net(self, iface: str, *, operstate: str = "up", carrier: int = 1, speed: int = 100000,
                 statistics: Mapping[str, int] | None = None, carrier_changes: int = 1,

@@ -36,7 +36,7 @@ _HOST, _UUID, _INDEX, _PCI = str(I.HOST_NAME), str(I.HW_ID), str(I.GPU_INDEX), s
 _SERIAL = next((str(a) for a in vars(I).values() if getattr(a, "name", None) == "hw.serial_number"), None)
 _ERROR_TYPE, _ECC_COUNTER, _REMAP_KIND = str(G.ERROR_TYPE), str(G.ECC_COUNTER), str(G.REMAP_KIND)
 _LINK, _REASON, _XID_CODE = str(G.NVLINK_LINK), str(G.CLOCK_EVENT_REASON), str(G.XID_CODE)
-_NIC_DEVICE, _NIC_PORT, _NIC_COUNTER = str(N.DEVICE), str(N.PORT), str(N.COUNTER)
+_NIC_DEVICE, _NIC_PORT, _NIC_COUNTER, _NIC_GUID = str(N.DEVICE), str(N.PORT), str(N.COUNTER), str(N.PORT_GUID)
 _HW_TYPE = str(I.HW_TYPE)
 
 _HW_THROTTLE = frozenset(r.value for r in (G.ClockEventReason.HW_SLOWDOWN, G.ClockEventReason.HW_THERMAL_SLOWDOWN,
@@ -214,6 +214,7 @@ class HealthProcessor(Processor):
         gpus: dict[str, _GpuAcc] = {}
         ports: dict[str, dict[str, float]] = {}
         ups: dict[str, float] = {}
+        guids: dict[str, str] = {}  # port -> InfiniBand port GUID, the port's identity in the device history
         for m in metrics:
             name = m.name
             if name not in _WANTED or (not nvlink and name in _NVLINK_METRICS):
@@ -252,6 +253,9 @@ class HealthProcessor(Processor):
                         continue
                     port_no = a.get(_NIC_PORT)
                     port = dev.string_value if port_no is None else f"{dev.string_value}/{port_no.int_value}"
+                    guid = a.get(_NIC_GUID)
+                    if guid is not None and guid.string_value:
+                        guids[port] = guid.string_value
                     if name == N.ETH_UP.name:  # hw.network.up: InfiniBand ports count flaps in link_downed
                         if port_no is None:
                             ups[port] = _num(p)
@@ -283,6 +287,7 @@ class HealthProcessor(Processor):
                     eng.count(dev, "hw_throttle", 1 if acc.throttled else 0, now)
             for port, counters in ports.items():
                 dev = eng.device(H.DeviceKind.NIC_PORT, host, now, port=port)
+                dev.guid = guids.get(port, dev.guid)
                 for cname, value in counters.items():
                     eng.counter(dev, cname, value, now, hour=cname == _FLAPS)
             for port, value in ups.items():  # Ethernet has no link_downed counter: count up -> down transitions

@@ -23,7 +23,7 @@ from otel_gpu.schema.identity import HOST_NAME, HW_ID, HW_TYPE
 
 from otel_gpu.receivers.nic.config import NicReceiverConfig
 
-__all__ = ["CounterTracker", "NicReceiver"]
+__all__ = ["CounterTracker", "NicReceiver", "port_guid"]
 
 _logger = logging.getLogger(__name__)
 _SCOPE = "otel_gpu.receivers.nic"
@@ -227,9 +227,12 @@ class NicReceiver(Receiver):
                                self.host.component_id, root)
 
     def _ib_port(self, path: str, dev: str, port: int) -> _Port:
-        p = _Port("ib", dev, port, path, attributes({str(HW_ID): f"{dev}:{port}", str(N.DEVICE): dev,
-                                                    str(N.PORT): port, str(N.KIND): _KIND["ib"],
-                                                    str(HW_TYPE): "network"}))
+        attrs = {str(HW_ID): f"{dev}:{port}", str(N.DEVICE): dev, str(N.PORT): port, str(N.KIND): _KIND["ib"],
+                 str(HW_TYPE): "network"}
+        guid = port_guid(path)
+        if guid:
+            attrs[str(N.PORT_GUID)] = guid
+        p = _Port("ib", dev, port, path, attributes(attrs))
         cdir = os.path.join(path, "counters")
         for name in sorted(_listdir(cdir)):
             if name in _IB_IGNORED:
@@ -351,6 +354,26 @@ class NicReceiver(Receiver):
 
     def _loop(self) -> None:
         run_polling(self.host, self.config.interval_s, self._stop, self.poll)
+
+
+def port_guid(port_dir: str) -> str | None:
+    """The InfiniBand port GUID: the low 64 bits of GID 0 (``ports/N/gids/0``, e.g.
+    ``fe80:0000:0000:0000:0c42:a103:0001:0203`` -> ``0c42:a103:0001:0203``); None when unreadable or zero.
+
+    >>> import os, tempfile
+    >>> d = tempfile.mkdtemp(); os.mkdir(os.path.join(d, "gids"))
+    >>> _ = open(os.path.join(d, "gids", "0"), "w").write("fe80:0000:0000:0000:0c42:a103:0001:0203\\n")
+    >>> port_guid(d), port_guid(os.path.join(d, "nowhere"))
+    ('0c42:a103:0001:0203', None)
+    """
+    try:
+        with open(os.path.join(port_dir, "gids", "0")) as fh:
+            groups = fh.read().strip().split(":")
+    except OSError:
+        return None
+    if len(groups) != 8 or all(g.strip("0") == "" for g in groups[4:]):
+        return None
+    return ":".join(groups[4:])
 
 
 def _listdir(path: str) -> list[str]:
