@@ -71,6 +71,12 @@ def test_a_burst_on_a_young_collectors_trickle_counts_at_real_clock_values():
             ev.observe_nic(NicSample("n0", "mlx5_0/1", base + t, up=True, counters={"symbol_error": v}))
         (fault,) = ev.nic_faults("n0", base + 836.99, job_start=base + 828.2)
         assert (fault.cause, round(fault.onset - base, 2)) == (RootCause.NIC_ERRORS, 837.3), base
+    # ... while the first ticks of a trickle after a quiet start are no fault (an os._exit was named nic_errors
+    # from +3 symbol errors when the quiet 12 s before them were taken for a zero rate)
+    ev = DeviceEvidence()
+    for t, v in [(0.0, 1843.0), (12.0, 1844.0), (15.0, 1845.0), (18.5, 1846.0), (30.0, 1846.0)]:
+        ev.observe_nic(NicSample("n0", "mlx5_0/1", T0 + t, up=True, counters={"symbol_error": v}))
+    assert ev.nic_faults("n0", T0 + 30.0, job_start=T0 + 5) == []
 
 
 def test_power_cap_never_counts_and_hardware_throttles_only_when_they_begin_in_the_window():

@@ -193,7 +193,9 @@ class Series:
             return None
         background = self.background_per_s(window_start)
         if background is None and self.first_time is not None and first - self.first_time >= _MIN_BURST_HISTORY_S:
-            before = self.rise_before(first)
+            # At least one event: a short quiet history does not prove a zero rate (the first ticks of a
+            # trickle on a young collector are not a fault; a burst of 250 still is).
+            before = max(self.rise_before(first), 1.0)
             background = before / (first - self.first_time)
         if background is not None:
             if total <= _BACKGROUND_FACTOR * background * (window_end - window_start):
