@@ -207,6 +207,9 @@ def set_any(out: AnyValue, value: Any) -> None:
         out.string_value = str(value)
 
 
+_SCALARS = frozenset(("string_value", "int_value", "double_value", "bool_value"))
+
+
 def to_python(value: AnyValue, json_safe: bool = False) -> Any:
     """An ``AnyValue`` as a Python value (kvlist: dict, array: list, empty: None).
 
@@ -214,15 +217,17 @@ def to_python(value: AnyValue, json_safe: bool = False) -> Any:
     ``json.dumps`` (a store column, a Prometheus label).
     """
     kind = value.WhichOneof("value")
+    if kind in _SCALARS:  # the usual case first: this runs for every attribute a processor reads
+        return getattr(value, kind)
     if kind is None:
         return None
     if kind == "array_value":
         return [to_python(v, json_safe) for v in value.array_value.values]
     if kind == "kvlist_value":
         return {kv.key: to_python(kv.value, json_safe) for kv in value.kvlist_value.values}
-    if json_safe and kind == "bytes_value":
+    if json_safe:
         return base64.b64encode(value.bytes_value).decode("ascii")
-    return getattr(value, kind)
+    return value.bytes_value
 
 
 def attributes(attrs: Mapping[str, Any] | None) -> list[KeyValue]:
