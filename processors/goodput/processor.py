@@ -179,9 +179,10 @@ def _metrics(summaries: list[dict]) -> ExportMetricsServiceRequest:
     now = time.time_ns()
     requests = []
     for s in summaries:
-        # The job's accounting started when it was first seen: the start of its cumulative sums.
+        # The job's accounting started when it was first seen: the start of its cumulative sums (never after now:
+        # span times from a hostile sender can lie far in the future).
         mb = MetricsBuilder(_job_resource(s["job_id"]), scope=_SCOPE, time_ns=now,
-                            start_time_ns=int(s["first_seen"] * 1e9))
+                            start_time_ns=min(int(s["first_seen"] * 1e9), now))
         if s["ettr"] is not None:
             mb.record(F.ETTR, float(s["ettr"]))
         mb.record(F.PRODUCTIVE_TIME, float(s["productive_time_s"]))
