@@ -337,13 +337,15 @@ def test_traces_export_walks_resources_only(tmp_path):
     try:
         small, big = traces_batch([0], spans=1), traces_batch([0], spans=1000)
         small.message, big.message  # parse outside the timing
-        timings = {}
-        for name, batch in (("small", small), ("big", big)):
-            start = time.perf_counter()
-            for _ in range(200):
-                exp.export(batch)
-            timings[name] = (time.perf_counter() - start) / 200
-        assert timings["big"] < 200e-6 and timings["big"] < 3 * timings["small"] + 10e-6, timings
+        timings = {"small": float("inf"), "big": float("inf")}
+        for _ in range(7):  # the best of interleaved rounds: a loaded machine slows rounds, never speeds them up
+            for name, batch in (("small", small), ("big", big)):
+                start = time.perf_counter()
+                for _ in range(30):
+                    exp.export(batch)
+                timings[name] = min(timings[name], (time.perf_counter() - start) / 30)
+        # walking 1,000 spans would cost ~100x the one-span batch; the resources alone cost the same
+        assert timings["big"] < 3 * timings["small"] + 20e-6, timings
     finally:
         exp.shutdown()
 

@@ -2,7 +2,7 @@
 
 The targets are the same properties the CI tests check (tests/test_fuzz_*.py), as plain functions over bytes:
 
-- ``otlp``: bytes -> ``Batch.from_bytes`` for each signal and OTLP/JSON ``batch_from_json``; whatever parses goes
+- ``otlp``: bytes -> ``Batch.from_bytes`` for each signal and OTLP/JSON ``Batch.from_json``; whatever parses goes
   through the attribution and goodput processors (and their clocks) and must re-serialize. Only MalformedBatch may
   come out.
 - ``xid``: bytes -> a kernel-log line -> ``parse_line`` and the receiver's ``handle_line``; never raises.
@@ -35,7 +35,6 @@ def _otlp_target():
     from otel_gpu.pdata import Batch, MalformedBatch, Signal
     from otel_gpu.processors.attribution import FACTORY as ATTRIBUTION
     from otel_gpu.processors.goodput import FACTORY as GOODPUT
-    from otel_gpu.receivers.otlp._json import batch_from_json
 
     class Keep:
         def consume(self, batch):
@@ -49,7 +48,7 @@ def _otlp_target():
 
     def target(data: bytes) -> None:
         signal = list(Signal)[data[0] % 3] if data else Signal.LOGS
-        for parse in (Batch.from_bytes, batch_from_json):
+        for parse in (Batch.from_bytes, Batch.from_json):
             try:
                 batch = parse(signal, data[1:])
             except MalformedBatch:

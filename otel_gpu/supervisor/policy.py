@@ -182,7 +182,7 @@ class Policy:
             if key not in causes and key not in CATEGORIES:
                 hint = did_you_mean(str(key), causes + list(CATEGORIES))
                 problems.append(f"actions.{key}: not a root cause or category ({hint}known categories: "
-                                f"{', '.join(CATEGORIES)}; root causes: the taxonomy in DESIGN.md / docs/schema.md)")
+                                f"{', '.join(CATEGORIES)}; root causes: failure.root_cause in docs/schema.md)")
             if action not in ACTIONS:
                 problems.append(f"actions.{key}: unknown action {action!r} ({did_you_mean(str(action), ACTIONS)}"
                                 f"known: {', '.join(ACTIONS)})")

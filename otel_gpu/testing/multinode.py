@@ -90,6 +90,7 @@ def aggregator_config(listen: str, store: Path, attribution: dict | None = None)
 
 def witness(port: int, out: Path) -> None:
     """The bed's tracing backend: appends ``{"job", "rank", "host", "step"}`` per step span received to ``out``."""
+    from otel_gpu.pdata import attribute, attributes_dict, spans
     from otel_gpu.testing.otlp_sink import OtlpSink
 
     seen = 0
@@ -99,17 +100,13 @@ def witness(port: int, out: Path) -> None:
             time.sleep(0.5)
             traces = list(sink.traces)
             for req in traces[seen:]:
-                for rs in req.resource_spans:
-                    res = {kv.key: kv.value for kv in rs.resource.attributes}
-                    who = {"job": res["training.job.id"].string_value if "training.job.id" in res else None,
-                           "rank": res["training.rank"].int_value if "training.rank" in res else None,
-                           "host": res["host.name"].string_value if "host.name" in res else None}
-                    for ss in rs.scope_spans:
-                        for span in ss.spans:
-                            if span.name == "otel_gpu.step":
-                                step = next((kv.value.int_value for kv in span.attributes
-                                             if kv.key == "training.step"), None)
-                                fh.write(json.dumps({**who, "step": step}) + "\n")
+                for rs, _, span in spans(req):
+                    if span.name == "otel_gpu.step":
+                        res = attributes_dict(rs.resource.attributes, json_safe=True)
+                        who = {"job": res.get("training.job.id"), "rank": res.get("training.rank"),
+                               "host": res.get("host.name")}
+                        step = attribute(span.attributes, "training.step")
+                        fh.write(json.dumps({**who, "step": step}) + "\n")
             seen = len(traces)
             fh.flush()
 

@@ -38,7 +38,8 @@ class XidClass(str, enum.Enum):
     UNKNOWN = "unknown"  # not in our table: reported, never a reason to drain a node
 
 
-# NVIDIA's Xid catalog (resolution bucket) and ../shared/REFERENCE.md.
+# NVIDIA's Xid catalog (https://docs.nvidia.com/deploy/xid-errors/, its resolution bucket); the classes are
+# listed in processors/attribution/README.md (XIDs) and the root causes in docs/schema.md (failure.root_cause).
 _XIDS: dict[int, tuple[XidClass, RootCause, str]] = {
     13: (XidClass.APPLICATION, RootCause.GPU_XID, "a graphics engine exception (XID 13, usually the application)"),
     31: (XidClass.APPLICATION, RootCause.GPU_XID, "a GPU memory page fault (XID 31, usually the application)"),

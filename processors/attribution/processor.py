@@ -8,8 +8,6 @@ Batches pass through unchanged, except spans of a rank under an active slowdown 
 from __future__ import annotations
 
 import datetime
-
-import json
 import logging
 import os
 import threading
@@ -20,12 +18,10 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsSer
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import KeyValue
-from opentelemetry.proto.metrics.v1 import metrics_pb2
-from opentelemetry.proto.trace.v1 import trace_pb2
 
 from otel_gpu.component import Processor
-from otel_gpu.otlp_build import attributes
-from otel_gpu.pdata import Batch, Signal
+from otel_gpu.otlp_build import LogsBuilder, MetricsBuilder, SpansBuilder, attributes, merge
+from otel_gpu.pdata import Batch, Signal, attributes_dict, body_object, number_points, point_value
 from otel_gpu.processors.attribution._engine import Engine, EngineSettings
 from otel_gpu.processors.attribution._observations import (ExceptionSeen, ExitSeen, GpuSample, Heartbeat, Identity,
                                                            Inflight, NicSample, SpanSeen, Stacks, StepSeen, XidSeen)
@@ -39,6 +35,7 @@ from otel_gpu.schema import training as T
 __all__ = ["AttributionProcessor"]
 
 _logger = logging.getLogger(__name__)
+_SCOPE = "otel_gpu.processors.attribution"
 
 _SPAN_KINDS = {T.DATA_SPAN.name: "data", T.CKPT_SAVE_SPAN.name: "checkpoint_save",
                T.CKPT_LOAD_SPAN.name: "checkpoint_load"}
@@ -51,21 +48,6 @@ _NIC_UP = {N.IB_UP.name, N.ETH_UP.name}
 # The instrumentation says where an in-flight operation was seen; the engine needs only what it is.
 _INFLIGHT_KINDS = {"collective": "collective", "wait": "collective", "flight_recorder": "collective",
                    "p2p": "collective", "data": "data", "checkpoint": "checkpoint"}
-
-
-def _value(any_value) -> Any:
-    kind = any_value.WhichOneof("value")
-    if kind is None:
-        return None
-    if kind == "array_value":
-        return [_value(v) for v in any_value.array_value.values]
-    if kind == "kvlist_value":
-        return {kv.key: _value(kv.value) for kv in any_value.kvlist_value.values}
-    return getattr(any_value, kind)
-
-
-def _attrs(kvs) -> dict[str, Any]:
-    return {kv.key: _value(kv.value) for kv in kvs}
 
 
 def _int(v: Any) -> int | None:
@@ -149,16 +131,6 @@ _VIEW_CACHE_MAX = 65536  # distinct resources remembered (one per rank process, 
 _VIEW_KEY_MAX = 4096  # bytes; a rank's resource is a few hundred
 
 
-def _body_json(record) -> dict[str, Any]:
-    body = _value(record.body)
-    if isinstance(body, str):
-        try:
-            body = json.loads(body)
-        except ValueError:
-            return {}
-    return body if isinstance(body, dict) else {}
-
-
 def _seconds(nanos: int) -> float:
     return nanos / 1e9
 
@@ -183,6 +155,7 @@ class AttributionProcessor(Processor):
         self._tagging: dict[str, FailureRecord] = {}  # job -> the hang or slowdown its spans are tagged with
         self._clock = time.time
         self._views: dict[bytes, _ResourceView] = {}
+        self._started_ns = time.time_ns()  # the start of the failures counter (a cumulative sum)
 
     # -- lifecycle -----------------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -253,7 +226,7 @@ class AttributionProcessor(Processor):
         key = resource.SerializeToString()
         view = self._views.get(key)
         if view is None:
-            view = _ResourceView(_attrs(resource.attributes))
+            view = _ResourceView(attributes_dict(resource.attributes))
             if len(key) <= _VIEW_KEY_MAX:  # a huge (hostile) resource is decoded each time, never kept
                 if len(self._views) >= _VIEW_CACHE_MAX:
                     self._views.clear()
@@ -282,7 +255,7 @@ class AttributionProcessor(Processor):
 
     def _training_event(self, name: str, record, res: dict[str, Any], now: float,
                         view: _ResourceView | None = None) -> None:
-        attrs = _attrs(record.attributes)
+        attrs = attributes_dict(record.attributes)
         if view is not None and str(I.JOB_ID) not in attrs and str(I.RANK) not in attrs:
             who = view.identity()  # the usual case: the resource alone names the rank
         else:
@@ -291,7 +264,7 @@ class AttributionProcessor(Processor):
         if who is None:
             return
         t = _seconds(record.time_unix_nano or record.observed_time_unix_nano) or now
-        body = _body_json(record)
+        body = body_object(record) or {}
         if name == T.PROGRESS_EVENT.name:
             inflight = body.get("inflight")
             infl = None
@@ -324,7 +297,7 @@ class AttributionProcessor(Processor):
             self.engine.observe_exit(ExitSeen(who, t, _int(attrs.get(str(T.EXIT_CODE))), signal_name or None), now)
 
     def _xid(self, record, res: dict[str, Any]) -> None:
-        attrs = _attrs(record.attributes)
+        attrs = attributes_dict(record.attributes)
         host = self._host(res)
         code = _int(attrs.get(str(G.XID_CODE)))
         if code is None:
@@ -356,24 +329,13 @@ class AttributionProcessor(Processor):
             for sample in ports.values():
                 self.engine.observe_nic(sample)
 
-    @staticmethod
-    def _points(m):
-        kind = m.WhichOneof("data")
-        if kind in ("gauge", "sum"):
-            return getattr(m, kind).data_points
-        return ()
-
-    @staticmethod
-    def _num(point) -> float:
-        return point.as_double if point.WhichOneof("value") == "as_double" else float(point.as_int)
-
     def _gpu_metric(self, host: str, m, gpus: dict[str, GpuSample]) -> None:
         name = m.name
         if name not in _GPU_COUNTERS and name not in (G.CLOCK_EVENT_ACTIVE.name, G.ECC_ERRORS.name,
                                                       G.PROCESS_MEMORY.name):
             return
-        for p in self._points(m):
-            attrs = _attrs(p.attributes)
+        for p in number_points(m):
+            attrs = attributes_dict(p.attributes)
             index = attrs.get(str(I.GPU_INDEX))
             if index is None:
                 continue
@@ -384,23 +346,23 @@ class AttributionProcessor(Processor):
                 sample = gpus[key] = GpuSample(host, key, t, uuid=attrs.get(str(I.HW_ID)))
             if name == G.CLOCK_EVENT_ACTIVE.name:
                 active = set(sample.clock_events or ())
-                if self._num(p) >= 1:
+                if point_value(p) >= 1:
                     active.add(str(attrs.get(str(G.CLOCK_EVENT_REASON))))
                 sample.clock_events = frozenset(active)
             elif name == G.ECC_ERRORS.name:
                 if attrs.get(str(G.ERROR_TYPE)) == "uncorrected" and attrs.get(str(G.ECC_COUNTER)) != "aggregate":
-                    sample.counters["ecc_uncorrected"] = sample.counters.get("ecc_uncorrected", 0.0) + self._num(p)
+                    sample.counters["ecc_uncorrected"] = sample.counters.get("ecc_uncorrected", 0.0) + point_value(p)
             elif name == G.PROCESS_MEMORY.name:
                 pid = _int(attrs.get(str(I.PROCESS_PID)))
                 if pid is not None:
                     sample.pids = sample.pids + (pid,)
             else:
                 counter = _GPU_COUNTERS[name]
-                sample.counters[counter] = sample.counters.get(counter, 0.0) + self._num(p)
+                sample.counters[counter] = sample.counters.get(counter, 0.0) + point_value(p)
 
     def _nic_metric(self, host: str, m, ports: dict[str, NicSample]) -> None:
-        for p in self._points(m):
-            attrs = _attrs(p.attributes)
+        for p in number_points(m):
+            attrs = attributes_dict(p.attributes)
             device = attrs.get(str(N.DEVICE))
             if device is None:
                 continue
@@ -411,11 +373,11 @@ class AttributionProcessor(Processor):
             if sample is None:
                 sample = ports[key] = NicSample(host, key, t)
             if m.name in _NIC_UP:
-                sample.up = self._num(p) >= 1
+                sample.up = point_value(p) >= 1
             else:
                 counter = attrs.get(str(G.ERROR_TYPE)) or attrs.get(str(N.COUNTER))
                 if counter:
-                    sample.counters[str(counter)] = self._num(p)
+                    sample.counters[str(counter)] = point_value(p)
 
     def _spans(self, request: ExportTraceServiceRequest, now: float) -> bool:
         """Feeds step, data and checkpoint spans to the engine. Collective spans are only counted per step (their
@@ -433,7 +395,7 @@ class AttributionProcessor(Processor):
                             if who is None:
                                 break
                         seen_training = True
-                        attrs = _attrs(span.attributes)
+                        attrs = attributes_dict(span.attributes)
                         step = _int(attrs.get(str(T.STEP)))
                         if step is None:
                             continue
@@ -520,21 +482,11 @@ class AttributionProcessor(Processor):
                     continue
                 key = (r.job_id, r.kind.value, r.root_cause.value, r.category.value)
                 counts[key] = counts.get(key, 0) + 1
-        req = ExportMetricsServiceRequest()
-        now_ns = time.time_ns()
-        rm = req.resource_metrics.add()
-        sm = rm.scope_metrics.add()
-        sm.scope.name = "otel_gpu.processors.attribution"
-        metric = sm.metrics.add(name=F.FAILURES.name, unit=F.FAILURES.unit, description=F.FAILURES.description)
-        metric.sum.is_monotonic = True
-        metric.sum.aggregation_temporality = metrics_pb2.AGGREGATION_TEMPORALITY_CUMULATIVE
+        mb = MetricsBuilder(scope=_SCOPE, start_time_ns=self._started_ns)
         for (job, kind, cause, category), n in counts.items():
-            p = metric.sum.data_points.add(time_unix_nano=now_ns, as_int=n)
-            _kv(p.attributes, str(I.JOB_ID), job)
-            _kv(p.attributes, str(F.KIND), kind)
-            _kv(p.attributes, str(F.ROOT_CAUSE), cause)
-            _kv(p.attributes, str(F.CATEGORY), category)
-        return req
+            mb.record(F.FAILURES, n, {str(I.JOB_ID): job, str(F.KIND): kind, str(F.ROOT_CAUSE): cause,
+                                      str(F.CATEGORY): category})
+        return mb.build()
 
     def _tag(self, batch: Batch) -> None:
         """Adds failure.* attributes to the job's spans that end after the onset of its hang, or of its slowdown
@@ -542,7 +494,7 @@ class AttributionProcessor(Processor):
         request = batch.message
         targets = []
         for i, rs in enumerate(request.resource_spans):
-            job = _attrs(rs.resource.attributes).get(str(I.JOB_ID))
+            job = attributes_dict(rs.resource.attributes).get(str(I.JOB_ID))
             record = self._tagging.get(str(job)) if job is not None else None
             if record is None:
                 continue
@@ -571,13 +523,7 @@ def _float(v: Any) -> float | None:
         return None
 
 
-def _kv(target, key: str, value: Any) -> None:
-    """Appends one attribute (lists become arrays) to a repeated KeyValue field."""
-    target.extend(attributes({key: value}))
-
-
 def _failure_kvs(record: FailureRecord) -> list[KeyValue]:
-    holder = trace_pb2.Span()
     pairs: list[tuple[str, Any]] = [
         (str(F.KIND), record.kind.value), (str(F.ROOT_CAUSE), record.root_cause.value),
         (str(F.CATEGORY), record.category.value), (str(F.ACTION), record.action.value),
@@ -598,67 +544,40 @@ def _failure_kvs(record: FailureRecord) -> list[KeyValue]:
         pairs.append((str(F.CULPRIT_GPU), str(record.culprit.gpu)))
     if record.details.get("xid") is not None:
         pairs.append((str(F.XID), int(record.details["xid"])))
-    for key, value in pairs:
-        _kv(holder.attributes, key, value)
-    return list(holder.attributes)
+    return attributes(dict(pairs))
 
 
-def _resource(record: FailureRecord, target) -> None:
-    _kv(target.attributes, str(I.SERVICE_NAME), "otel-gpu")
-    _kv(target.attributes, str(I.JOB_ID), record.job_id)
+def _resource(record: FailureRecord) -> dict[str, Any]:
+    return {str(I.SERVICE_NAME): "otel-gpu", str(I.JOB_ID): record.job_id}
 
 
 def _failure_spans(record: FailureRecord) -> ExportTraceServiceRequest:
-    req = ExportTraceServiceRequest()
-    rs = req.resource_spans.add()
-    _resource(record, rs.resource)
-    ss = rs.scope_spans.add()
-    ss.scope.name = "otel_gpu.processors.attribution"
-    span = ss.spans.add(name=F.FAILURE_SPAN.name, kind=trace_pb2.Span.SPAN_KIND_INTERNAL,
-                        trace_id=os.urandom(16), span_id=os.urandom(8),
-                        start_time_unix_nano=int(record.onset_time * 1e9),
-                        end_time_unix_nano=int(max(record.detected_time, record.onset_time) * 1e9))
-    span.attributes.extend(_failure_kvs(record))
-    span.status.code = trace_pb2.Status.STATUS_CODE_ERROR
-    span.status.message = record.summary[:500]
-    return req
+    sb = SpansBuilder(_resource(record), scope=_SCOPE)
+    sb.span(F.FAILURE_SPAN, int(record.onset_time * 1e9), int(max(record.detected_time, record.onset_time) * 1e9),
+            _failure_kvs(record), status=SpansBuilder.ERROR, status_message=record.summary[:500])
+    return sb.build()
 
 
 def _stuck_spans(record: FailureRecord) -> ExportTraceServiceRequest:
     """One ``otel_gpu.collective`` span per rank that waits in the hung collective, from when it entered it to the
     detection, tagged with the failure: the collective never completes, so no other span would show it."""
-    req = ExportTraceServiceRequest()
     kvs = _failure_kvs(record)
+    requests = []
     for w in record.details.get("waiting", []):
-        rs = req.resource_spans.add()
-        _kv(rs.resource.attributes, str(I.SERVICE_NAME), "otel-gpu")
-        _kv(rs.resource.attributes, str(I.JOB_ID), record.job_id)
-        _kv(rs.resource.attributes, str(I.RANK), int(w["rank"]))
+        resource = {**_resource(record), str(I.RANK): int(w["rank"])}
         if w.get("host"):
-            _kv(rs.resource.attributes, str(I.HOST_NAME), w["host"])
-        ss = rs.scope_spans.add()
-        ss.scope.name = "otel_gpu.processors.attribution"
-        span = ss.spans.add(name=T.COLLECTIVE_SPAN.name, kind=trace_pb2.Span.SPAN_KIND_INTERNAL,
-                            trace_id=os.urandom(16), span_id=os.urandom(8),
-                            start_time_unix_nano=int(w["since"] * 1e9),
-                            end_time_unix_nano=int(max(record.detected_time, w["since"]) * 1e9))
-        for key, value in ((T.COLL_OP, w.get("op")), (T.COLL_PG, w.get("pg")), (T.COLL_SEQ, w.get("seq"))):
-            if value is not None:
-                _kv(span.attributes, str(key), value)
-        span.attributes.extend(kvs)
-        span.status.code = trace_pb2.Status.STATUS_CODE_ERROR
-        span.status.message = "stuck: " + record.summary[:400]
-    return req
+            resource[str(I.HOST_NAME)] = w["host"]
+        sb = SpansBuilder(resource, scope=_SCOPE)
+        where = {str(key): value for key, value in ((T.COLL_OP, w.get("op")), (T.COLL_PG, w.get("pg")),
+                                                    (T.COLL_SEQ, w.get("seq"))) if value is not None}
+        sb.span(T.COLLECTIVE_SPAN, int(w["since"] * 1e9), int(max(record.detected_time, w["since"]) * 1e9), where,
+                kvs, status=SpansBuilder.ERROR, status_message="stuck: " + record.summary[:400])
+        requests.append(sb.build())
+    return merge(requests) or ExportTraceServiceRequest()
 
 
 def _failure_logs(record: FailureRecord) -> ExportLogsServiceRequest:
-    req = ExportLogsServiceRequest()
-    rl = req.resource_logs.add()
-    _resource(record, rl.resource)
-    sl = rl.scope_logs.add()
-    sl.scope.name = "otel_gpu.processors.attribution"
-    log = sl.log_records.add(time_unix_nano=int(record.detected_time * 1e9), observed_time_unix_nano=time.time_ns(),
-                             severity_number=17, severity_text="ERROR", event_name=F.FAILURE_EVENT.name)
-    log.body.string_value = record.to_json()
-    log.attributes.extend(_failure_kvs(record))
-    return req
+    lb = LogsBuilder(_resource(record), scope=_SCOPE)
+    lb.event(F.FAILURE_EVENT, record.to_json(), _failure_kvs(record), time_ns=int(record.detected_time * 1e9),
+             severity=LogsBuilder.ERROR)
+    return lb.build()

@@ -10,22 +10,14 @@ import time
 from typing import Any
 
 from otel_gpu.component import Processor
-from otel_gpu.pdata import Batch, Signal, count_items
+from otel_gpu.pdata import Batch, Signal, count_items, data_points
 from otel_gpu.processors.batch.config import BatchConfig
 
 __all__ = ["BatchProcessor", "split"]
 
-# signal -> (resource list, scope list, item list) field names
-_PATHS = {Signal.TRACES: ("resource_spans", "scope_spans", "spans"),
-          Signal.LOGS: ("resource_logs", "scope_logs", "log_records"),
-          Signal.METRICS: ("resource_metrics", "scope_metrics", "metrics")}
-
 
 def _weight(signal: Signal, item: Any) -> int:
-    if signal is not Signal.METRICS:
-        return 1
-    kind = item.WhichOneof("data")
-    return len(getattr(item, kind).data_points) if kind else 0
+    return len(data_points(item)) if signal is Signal.METRICS else 1
 
 
 def split(signal: Signal, message: Any, max_items: int) -> list[Any]:
@@ -42,7 +34,7 @@ def split(signal: Signal, message: Any, max_items: int) -> list[Any]:
     """
     if max_items <= 0 or count_items(signal, message) <= max_items:
         return [message]
-    res_key, scope_key, item_key = _PATHS[signal]
+    res_key, scope_key, item_key = signal.fields
     out: list[Any] = []
     current, room = None, 0
     for res in getattr(message, res_key):

@@ -22,7 +22,7 @@ from typing import Any
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 
 from otel_gpu.component import Processor
-from otel_gpu.pdata import Batch, Signal
+from otel_gpu.pdata import Batch, Signal, attribute, data_points
 from otel_gpu.schema import identity as I
 
 __all__ = ["CompactProcessor"]
@@ -32,22 +32,18 @@ _logger = logging.getLogger(__name__)
 _JOB = str(I.JOB_ID)
 _MAX_SERIES = 20_000  # metric series remembered for change detection (a node has a few dozen)
 # signal -> (resource list, scope list, item list, the item's name field)
-_SHAPE = {
-    Signal.TRACES: ("resource_spans", "scope_spans", "spans", "name"),
-    Signal.LOGS: ("resource_logs", "scope_logs", "log_records", "event_name"),
-    Signal.METRICS: ("resource_metrics", "scope_metrics", "metrics", "name"),
-}
+_SHAPE = {signal: (*signal.fields, "event_name" if signal is Signal.LOGS else "name") for signal in Signal}
+_ABSENT = object()
 
 
 def _job_of(attributes) -> str | None:
-    for kv in attributes:
-        if kv.key == _JOB:
-            kind = kv.value.WhichOneof("value")
-            if kind == "string_value":
-                return kv.value.string_value or None
-            # A job id of another type still names the job: never add a second training.job.id beside it.
-            return str(getattr(kv.value, kind)) if kind in ("int_value", "double_value", "bool_value") else "?"
-    return None
+    job = attribute(attributes, _JOB, _ABSENT)
+    if job is _ABSENT:
+        return None
+    if isinstance(job, str):
+        return job or None
+    # A job id of another type still names the job: never add a second training.job.id beside it.
+    return str(job) if isinstance(job, (int, float)) else "?"
 
 
 class CompactProcessor(Processor):
@@ -221,7 +217,7 @@ class CompactProcessor(Processor):
         kind = fp.WhichOneof("data")
         if kind is not None:
             identity_only = metric.name in self._identity_only and kind in ("gauge", "sum")
-            for p in getattr(fp, kind).data_points:
+            for p in data_points(fp):
                 p.time_unix_nano = 0
                 p.start_time_unix_nano = 0
                 if identity_only:

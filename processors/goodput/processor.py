@@ -14,11 +14,10 @@ from typing import Any
 
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
-from opentelemetry.proto.metrics.v1 import metrics_pb2
 
 from otel_gpu.component import Processor
-from otel_gpu.otlp_build import attributes
-from otel_gpu.pdata import Batch, Signal
+from otel_gpu.otlp_build import LogsBuilder, MetricsBuilder, merge
+from otel_gpu.pdata import Batch, Signal, attribute, attributes_dict, body_object
 from otel_gpu.processors.goodput._ledger import JobLedger
 from otel_gpu.schema import failure as F
 from otel_gpu.schema import identity as I
@@ -28,24 +27,20 @@ __all__ = ["GoodputProcessor"]
 
 _logger = logging.getLogger(__name__)
 _CKPT = {T.CKPT_SAVE_SPAN.name: "save", T.CKPT_LOAD_SPAN.name: "load"}
+_SCOPE = "otel_gpu.processors.goodput"
+_JOB, _RESTARTS = str(I.JOB_ID), str(I.RESTART_COUNT)
 
 
 def _job_of(resource) -> tuple[str | None, int]:
-    job, restarts = None, 0
-    for kv in resource.attributes:
-        if kv.key == str(I.JOB_ID):
-            job = kv.value.string_value or None
-        elif kv.key == str(I.RESTART_COUNT):
-            restarts = int(kv.value.int_value)
-    return job, restarts
+    """The resource's job id (a non-empty string, else None) and restart count (an int, else 0)."""
+    attrs = attributes_dict(resource.attributes)
+    job, restarts = attrs.get(_JOB), attrs.get(_RESTARTS)
+    return job if isinstance(job, str) and job else None, restarts if type(restarts) is int else 0
 
 
 def _attr(span, key: str, default: Any = None) -> Any:
-    for kv in span.attributes:
-        if kv.key == key:
-            which = kv.value.WhichOneof("value")
-            return getattr(kv.value, which) if which else default
-    return default
+    value = attribute(span.attributes, key)
+    return default if value is None else value
 
 
 def _seconds(value: Any, default: float) -> float:
@@ -147,11 +142,8 @@ class GoodputProcessor(Processor):
                 for record in sl.log_records:
                     t = (record.time_unix_nano or record.observed_time_unix_nano) / 1e9 or time.time()
                     if record.event_name == F.FAILURE_EVENT.name:
-                        try:
-                            body = json.loads(record.body.string_value)
-                        except (ValueError, RecursionError):
-                            continue
-                        if not isinstance(body, dict):  # hostile input: "null", a list, a number
+                        body = body_object(record)
+                        if body is None:  # hostile input: not JSON, "null", a list, a number
                             continue
                         fjob = body.get("job_id") or job
                         if fjob:
@@ -179,52 +171,33 @@ class GoodputProcessor(Processor):
             self.host.emit(Batch.from_message(Signal.LOGS, _events(summaries)))
 
 
-def _kv(target, key: str, value: Any) -> None:
-    """Appends one attribute (lists become arrays) to a repeated KeyValue field."""
-    target.extend(attributes({key: value}))
-
-
-def _job_resource(resource, job_id: str) -> None:
-    _kv(resource.attributes, str(I.JOB_ID), job_id)
-    _kv(resource.attributes, str(I.SERVICE_NAME), "otel-gpu")
-
-
-def _cumulative_sum(sm, metric):
-    m = sm.metrics.add(name=metric.name, unit=metric.unit, description=metric.description)
-    m.sum.is_monotonic = True
-    m.sum.aggregation_temporality = metrics_pb2.AGGREGATION_TEMPORALITY_CUMULATIVE
-    return m
+def _job_resource(job_id: str) -> dict[str, Any]:
+    return {_JOB: job_id, str(I.SERVICE_NAME): "otel-gpu"}
 
 
 def _metrics(summaries: list[dict]) -> ExportMetricsServiceRequest:
-    req = ExportMetricsServiceRequest()
     now = time.time_ns()
+    requests = []
     for s in summaries:
-        rm = req.resource_metrics.add()
-        _job_resource(rm.resource, s["job_id"])
-        sm = rm.scope_metrics.add()
-        sm.scope.name = "otel_gpu.processors.goodput"
+        # The job's accounting started when it was first seen: the start of its cumulative sums (never after now:
+        # span times from a hostile sender can lie far in the future).
+        mb = MetricsBuilder(_job_resource(s["job_id"]), scope=_SCOPE, time_ns=now,
+                            start_time_ns=min(int(s["first_seen"] * 1e9), now))
         if s["ettr"] is not None:
-            m = sm.metrics.add(name=F.ETTR.name, unit=F.ETTR.unit, description=F.ETTR.description)
-            m.gauge.data_points.add(time_unix_nano=now, as_double=s["ettr"])
-        for metric, value in ((F.PRODUCTIVE_TIME, s["productive_time_s"]), (F.WALL_TIME, s["wall_time_s"])):
-            _cumulative_sum(sm, metric).sum.data_points.add(time_unix_nano=now, as_double=value)
-        m = _cumulative_sum(sm, F.BADPUT)
+            mb.record(F.ETTR, float(s["ettr"]))
+        mb.record(F.PRODUCTIVE_TIME, float(s["productive_time_s"]))
+        mb.record(F.WALL_TIME, float(s["wall_time_s"]))
         for bucket, seconds in s["badput_s"].items():
-            p = m.sum.data_points.add(time_unix_nano=now, as_double=seconds)
-            _kv(p.attributes, str(F.BADPUT_BUCKET), bucket)
-    return req
+            mb.record(F.BADPUT, float(seconds), {str(F.BADPUT_BUCKET): bucket})
+        requests.append(mb.build())
+    return merge(requests) or ExportMetricsServiceRequest()
 
 
 def _events(summaries: list[dict]) -> ExportLogsServiceRequest:
-    req = ExportLogsServiceRequest()
     now = time.time_ns()
+    requests = []
     for s in summaries:
-        rl = req.resource_logs.add()
-        _job_resource(rl.resource, s["job_id"])
-        sl = rl.scope_logs.add()
-        sl.scope.name = "otel_gpu.processors.goodput"
-        log = sl.log_records.add(time_unix_nano=now, observed_time_unix_nano=now, severity_number=9,
-                                 severity_text="INFO", event_name=F.GOODPUT_EVENT.name)
-        log.body.string_value = json.dumps(s)
-    return req
+        lb = LogsBuilder(_job_resource(s["job_id"]), scope=_SCOPE)
+        lb.event(F.GOODPUT_EVENT, json.dumps(s), time_ns=now, observed_time_ns=now)
+        requests.append(lb.build())
+    return merge(requests) or ExportLogsServiceRequest()

@@ -19,7 +19,7 @@ from typing import Any
 
 from otel_gpu.component import Processor
 from otel_gpu.otlp_build import LogsBuilder, MetricsBuilder, Series, attributes
-from otel_gpu.pdata import Batch, Signal
+from otel_gpu.pdata import Batch, Signal, attribute, attributes_dict, number_points, point_value
 from otel_gpu.processors.health._engine import HealthEngine, StateChange
 from otel_gpu.schema import gpu as G
 from otel_gpu.schema import health as H
@@ -59,13 +59,14 @@ _SEVERITY = {H.DeviceState.HEALTHY: LogsBuilder.INFO, H.DeviceState.WATCH: LogsB
 _VIEW_CACHE_MAX = 4096
 
 
-def _num(point: Any) -> float:
-    return point.as_double if point.WhichOneof("value") == "as_double" else float(point.as_int)
+def _str(value: Any) -> str:
+    """A string attribute's value; "" for an attribute of another type (a device is named by strings)."""
+    return value if isinstance(value, str) else ""
 
 
-def _av(value: Any) -> Any:
-    kind = value.WhichOneof("value")
-    return getattr(value, kind) if kind and kind not in ("array_value", "kvlist_value", "bytes_value") else None
+def _int(value: Any) -> int | None:
+    """An int attribute's value; None for an attribute of another type."""
+    return value if type(value) is int else None
 
 
 class _GpuAcc:
@@ -175,10 +176,9 @@ class HealthProcessor(Processor):
         key = resource.SerializeToString()
         name = self._hosts.get(key)
         if name is None:
-            name = ""
-            for kv in resource.attributes:
-                if kv.key == _HOST:
-                    name = str(_av(kv.value) or "")
+            name = attribute(resource.attributes, _HOST)
+            # a scalar of any type names the host; a list, a map or bytes does not
+            name = "" if name is None or isinstance(name, (list, dict, bytes)) else str(name)
             if len(self._hosts) >= _VIEW_CACHE_MAX:
                 self._hosts.clear()
             self._hosts[key] = name = name or "unknown"
@@ -219,53 +219,47 @@ class HealthProcessor(Processor):
             name = m.name
             if name not in _WANTED or (not nvlink and name in _NVLINK_METRICS):
                 continue
-            kind = m.WhichOneof("data")
-            if kind not in ("gauge", "sum"):
-                continue
-            points = getattr(m, kind).data_points
+            points = number_points(m)
             if name in _GPU_METRICS:
                 nic_points = []
                 for p in points:
-                    a = {kv.key: kv.value for kv in p.attributes}
-                    hw_type = a.get(_HW_TYPE)
-                    if hw_type is not None and hw_type.string_value == "network":  # hw.errors is the NICs' too
+                    a = attributes_dict(p.attributes)
+                    if a.get(_HW_TYPE) == "network":  # hw.errors is the NICs' too
                         nic_points.append(p)
                         continue
                     uuid = a.get(_UUID)
-                    if uuid is None:
+                    if not isinstance(uuid, str) or not uuid:
                         continue
-                    uuid = uuid.string_value
                     acc = gpus.get(uuid)
                     if acc is None:
                         acc = gpus[uuid] = _GpuAcc(uuid)
-                        idx, pci = a.get(_INDEX), a.get(_PCI)
-                        acc.index = None if idx is None else idx.int_value
-                        acc.pci = None if pci is None else pci.string_value
-                        if _SERIAL is not None and _SERIAL in a:
-                            acc.serial = a[_SERIAL].string_value or None
+                        acc.index = _int(a.get(_INDEX))
+                        pci = a.get(_PCI)
+                        acc.pci = pci if isinstance(pci, str) else None
+                        if _SERIAL is not None:
+                            acc.serial = _str(a.get(_SERIAL)) or None
                     self._gpu_point(name, p, a, acc)
                 points = nic_points
             if name in _NIC_METRICS:
                 for p in points:
-                    a = {kv.key: kv.value for kv in p.attributes}
+                    a = attributes_dict(p.attributes)
                     dev = a.get(_NIC_DEVICE)
-                    if dev is None:
+                    if not isinstance(dev, str) or not dev:
                         continue
-                    port_no = a.get(_NIC_PORT)
-                    port = dev.string_value if port_no is None else f"{dev.string_value}/{port_no.int_value}"
-                    guid = a.get(_NIC_GUID)
-                    if guid is not None and guid.string_value:
-                        guids[port] = guid.string_value
+                    port_no = _int(a.get(_NIC_PORT))
+                    port = dev if port_no is None else f"{dev}/{port_no}"
+                    guid = _str(a.get(_NIC_GUID))
+                    if guid:
+                        guids[port] = guid
                     if name == N.ETH_UP.name:  # hw.network.up: InfiniBand ports count flaps in link_downed
                         if port_no is None:
-                            ups[port] = _num(p)
+                            ups[port] = point_value(p)
                         continue
-                    counter = a.get(_ERROR_TYPE) or a.get(_NIC_COUNTER)
-                    counter = counter.string_value if counter is not None else ""
+                    counter = _str(a.get(_ERROR_TYPE)) or _str(a.get(_NIC_COUNTER))
                     if counter == _FLAPS or counter in _NIC_ERROR_COUNTERS:
                         c = ports.setdefault(port, {})
                         key = _FLAPS if counter == _FLAPS else "nic_errors"
-                        c[key] = c.get(key, 0.0) + _num(p)
+                        c[key] = c.get(key, 0.0) + point_value(p)
         if not (gpus or ports or ups):
             return
         with self._lock:
@@ -298,34 +292,29 @@ class HealthProcessor(Processor):
 
     @staticmethod
     def _gpu_point(name: str, p: Any, a: dict[str, Any], acc: _GpuAcc) -> None:
-        v = _num(p)
+        v = point_value(p)
         if name == G.ECC_ERRORS.name:
-            counter = a.get(_ECC_COUNTER)
-            if counter is not None and counter.string_value != "volatile":
+            if _ECC_COUNTER in a and a[_ECC_COUNTER] != "volatile":
                 return
-            etype = a.get(_ERROR_TYPE)
-            key = "ecc_uncorrected" if etype is not None and etype.string_value == "uncorrected" else "ecc_corrected"
+            key = "ecc_uncorrected" if a.get(_ERROR_TYPE) == "uncorrected" else "ecc_corrected"
             acc.counters[key] = acc.counters.get(key, 0.0) + v
         elif name == G.CLOCK_EVENT_ACTIVE.name:
             acc.sampled = True
-            reason = a.get(_REASON)
-            if v >= 1 and reason is not None and reason.string_value in _HW_THROTTLE:
+            if v >= 1 and _str(a.get(_REASON)) in _HW_THROTTLE:
                 acc.throttled = True
         elif name == G.PCIE_REPLAY.name:
             acc.counters["pcie_replay"] = v
         elif name == G.NVLINK_ERRORS.name:
-            etype = a.get(_ERROR_TYPE)
-            if etype is not None and etype.string_value in _NVLINK_ERROR_TYPES:
+            if _str(a.get(_ERROR_TYPE)) in _NVLINK_ERROR_TYPES:
                 acc.counters["nvlink_errors"] = acc.counters.get("nvlink_errors", 0.0) + v
         elif name == G.NVLINK_STATE.name:
-            link = a.get(_LINK)
+            link = _int(a.get(_LINK))
             if link is not None:
-                acc.links[link.int_value] = v
+                acc.links[link] = v
         elif name == G.RETIRED_PAGES.name:
             acc.counters["retired_pages"] = acc.counters.get("retired_pages", 0.0) + v
         elif name == G.REMAPPED_ROWS.name:
-            kind = a.get(_REMAP_KIND)
-            if kind is not None and kind.string_value == "uncorrectable":
+            if a.get(_REMAP_KIND) == "uncorrectable":
                 acc.counters["remapped_rows_uncorrectable"] = v
         elif name == G.REMAP_FAILURE.name:
             acc.flags["remap_failure"] = v
@@ -344,17 +333,16 @@ class HealthProcessor(Processor):
                         continue
                     if host is None:
                         host = self._host(rl.resource)[1]
-                    a = {kv.key: kv.value for kv in record.attributes}
-                    code, uuid = a.get(_XID_CODE), a.get(_UUID)
-                    if code is None or uuid is None or not uuid.string_value:
-                        continue  # an XID whose GPU is unknown names no device
+                    a = attributes_dict(record.attributes)
+                    code, uuid = _int(a.get(_XID_CODE)), _str(a.get(_UUID))
+                    if code is None or not uuid:
+                        continue  # an XID whose GPU (or code) is unknown names no device
                     t = record.time_unix_nano / 1e9 if record.time_unix_nano else self._clock()
                     t = min(t, self._clock())
                     idx = a.get(_INDEX)
                     with self._lock:
-                        dev = self.engine.gpu(host, uuid.string_value, self._clock(),
-                                              None if idx is None else idx.int_value)
-                        self.engine.xid(dev, int(code.int_value), t)
+                        dev = self.engine.gpu(host, uuid, self._clock(), _int(idx))
+                        self.engine.xid(dev, code, t)
 
     # -- evaluation and output -------------------------------------------------------------------------------------
     def evaluate(self, now: float | None = None) -> list[StateChange]:

@@ -12,9 +12,8 @@ from http.server import BaseHTTPRequestHandler
 from google.rpc import status_pb2
 
 from otel_gpu import httpserver
-from otel_gpu.pdata import MalformedBatch, Signal
+from otel_gpu.pdata import Batch, MalformedBatch, Signal
 from otel_gpu.receivers.otlp._grpc import PipelineRefused
-from otel_gpu.receivers.otlp._json import batch_from_json
 
 __all__ = ["HttpServer"]
 
@@ -127,7 +126,7 @@ class _Handler(BaseHTTPRequestHandler):
                     owner.receiver.accept(signal, body)
                 else:
                     try:
-                        batch = batch_from_json(signal, body)
+                        batch = Batch.from_json(signal, body)
                     except MalformedBatch:
                         owner.receiver.refused_request(signal)
                         raise

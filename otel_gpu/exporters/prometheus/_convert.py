@@ -14,7 +14,6 @@ Mapping (OpenTelemetry "Prometheus and OpenMetrics compatibility"):
 """
 from __future__ import annotations
 
-import base64
 import json
 import logging
 import math
@@ -29,6 +28,7 @@ from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
 from otel_gpu.component import LogOnce
+from otel_gpu.pdata import point_value, to_python
 from otel_gpu.schema._prom import prometheus_name
 
 __all__ = ["MetricState"]
@@ -47,31 +47,21 @@ GAUGE, COUNTER, HISTOGRAM = "gauge", "counter", "histogram"
 UPDOWN = "updowncounter"  # OTLP non-monotonic sum (exposed as a gauge)
 
 
-def _any_to_json(value: Any) -> Any:
-    kind = value.WhichOneof("value")
-    if kind == "array_value":
-        return [_any_to_json(v) for v in value.array_value.values]
-    if kind == "kvlist_value":
-        return {kv.key: _any_to_json(kv.value) for kv in value.kvlist_value.values}
-    if kind == "bytes_value":
-        return base64.b64encode(value.bytes_value).decode()
-    return getattr(value, kind) if kind else None
-
-
 def label_value(value: Any) -> str:
     """An OTLP AnyValue as a Prometheus label value (non-strings as JSON, like the OpenTelemetry Collector)."""
-    kind = value.WhichOneof("value")
-    if kind == "string_value":
-        return value.string_value
-    if kind == "int_value":
-        return str(value.int_value)
-    if kind == "bool_value":
-        return "true" if value.bool_value else "false"
-    if kind == "double_value":
-        return floatToGoString(value.double_value)
-    if kind is None:
+    v = to_python(value, json_safe=True)
+    kind = type(v)
+    if kind is str:
+        return v
+    if kind is bool:
+        return "true" if v else "false"
+    if kind is int:
+        return str(v)
+    if kind is float:
+        return floatToGoString(v)
+    if v is None:
         return ""
-    return json.dumps(_any_to_json(value), separators=(",", ":"), sort_keys=True)
+    return json.dumps(v, separators=(",", ":"), sort_keys=True)
 
 
 class MetricState:
@@ -236,7 +226,7 @@ class MetricState:
             if dp.flags & _NO_RECORDED_VALUE:
                 series.pop(key, None)
                 continue
-            value = dp.as_double if dp.WhichOneof("value") == "as_double" else float(dp.as_int)
+            value = point_value(dp)
             t = dp.time_unix_nano
             old = series.get(key)
             if old is None:

@@ -1,7 +1,6 @@
 """The ``store`` exporter: failure records, goodput summaries and job sightings into SQLite, off the pipeline thread."""
 from __future__ import annotations
 
-import base64
 import collections
 import json
 import logging
@@ -16,7 +15,7 @@ from otel_gpu.component import ComponentHost, Exporter, ExportResult
 from otel_gpu.exporters.store import db
 from otel_gpu.exporters.store import devices as device_store
 from otel_gpu.exporters.store.config import StoreExporterConfig
-from otel_gpu.pdata import Batch, Signal
+from otel_gpu.pdata import Batch, Signal, body_object, event_name, log_records, to_python
 from otel_gpu.schema import failure as failure_schema
 from otel_gpu.schema import health as health_schema
 from otel_gpu.schema import identity
@@ -37,39 +36,6 @@ _IDENTITY_KEYS = frozenset((_JOB, _HOST, _RANK, _WORLD))
 _MAX_BATCH = 500  # records per transaction
 _KNOWN_MAX = 1_000_000  # (job, rank) / (job, host) pairs remembered as written
 _IDENTITY_CACHE = 4096  # distinct resources remembered (a node has a few ranks and devices)
-
-
-def _any(value: Any) -> Any:
-    kind = value.WhichOneof("value")
-    if kind == "array_value":
-        return [_any(v) for v in value.array_value.values]
-    if kind == "kvlist_value":
-        return {kv.key: _any(kv.value) for kv in value.kvlist_value.values}
-    if kind == "bytes_value":
-        return base64.b64encode(value.bytes_value).decode()
-    return getattr(value, kind) if kind else None
-
-
-def _event_name(record: Any) -> str:
-    if record.event_name:
-        return record.event_name
-    for kv in record.attributes:  # older SDKs put it in an attribute
-        if kv.key == "event.name":
-            return kv.value.string_value
-    return ""
-
-
-def _body(record: Any) -> dict[str, Any] | None:
-    kind = record.body.WhichOneof("value")
-    if kind == "string_value":
-        try:
-            out = json.loads(record.body.string_value)
-        except (ValueError, RecursionError):  # RecursionError: nested thousands deep
-            return None
-        return out if isinstance(out, dict) else None
-    if kind == "kvlist_value":
-        return _any(record.body)
-    return None
 
 
 def _int(value: Any) -> int | None:
@@ -217,23 +183,21 @@ class StoreExporter(Exporter):
         self._see_resources(message.resource_logs)
         ignored = queued = dropped = 0
         now = time.time()
-        for rl in message.resource_logs:
-            for sl in rl.scope_logs:
-                for record in sl.log_records:
-                    name = _event_name(record)
-                    if name not in _EVENTS:
-                        ignored += 1
-                        continue
-                    body = _body(record)
-                    if body is None:
-                        self.host.log_once(("body", name), logging.WARNING, "store: a %s event without a JSON object "
-                                           "body was ignored (logged once)", name)
-                        ignored += 1
-                        continue
-                    if self._enqueue(name, body, now):
-                        queued += 1
-                    else:
-                        dropped += 1
+        for _, _, record in log_records(message):
+            name = event_name(record)
+            if name not in _EVENTS:
+                ignored += 1
+                continue
+            body = body_object(record)
+            if body is None:
+                self.host.log_once(("body", name), logging.WARNING, "store: a %s event without a JSON object "
+                                   "body was ignored (logged once)", name)
+                ignored += 1
+                continue
+            if self._enqueue(name, body, now):
+                queued += 1
+            else:
+                dropped += 1
         cid = self.host.component_id
         if ignored:
             self.host.telemetry.exported(cid, Signal.LOGS, ignored)
@@ -274,7 +238,7 @@ class StoreExporter(Exporter):
         found: dict[str, Any] = {}
         for kv in resource.attributes:
             if kv.key in _IDENTITY_KEYS:
-                found[kv.key] = _any(kv.value)
+                found[kv.key] = to_python(kv.value, json_safe=True)
         out = None
         if found.get(_JOB):
             out = (str(found[_JOB]), str(found[_HOST]) if found.get(_HOST) else None, _int(found.get(_RANK)),

@@ -14,7 +14,7 @@ from otel_gpu import httpserver
 from otel_gpu.security import BearerChecker, server_ssl_context
 from otel_gpu.component import ComponentHost, Exporter, ExportResult
 from otel_gpu.exporters.verdict.config import VerdictExporterConfig, parse_endpoint
-from otel_gpu.pdata import Batch, Signal
+from otel_gpu.pdata import Batch, Signal, body_object, event_name, log_records
 from otel_gpu.schema import failure as failure_schema
 from otel_gpu.schema import health as health_schema
 
@@ -52,15 +52,6 @@ def _detected(record: dict[str, Any]) -> float:
     return _number(record.get("detected_time"))
 
 
-def _event_name(record: Any) -> str:
-    if record.event_name:
-        return record.event_name
-    for kv in record.attributes:
-        if kv.key == "event.name":
-            return kv.value.string_value
-    return ""
-
-
 class _JobFailures:
     __slots__ = ("by_key", "updated")
 
@@ -86,22 +77,17 @@ class VerdictExporter(Exporter):
     def export(self, batch: Batch) -> ExportResult:
         if batch.signal is not Signal.LOGS:
             return ExportResult.SUCCESS
-        for rl in batch.message.resource_logs:
-            for sl in rl.scope_logs:
-                for record in sl.log_records:
-                    name = _event_name(record)
-                    if name not in (_FAILURE, _STATE_CHANGE) or record.body.WhichOneof("value") != "string_value":
-                        continue
-                    try:
-                        body = json.loads(record.body.string_value)
-                    except (ValueError, RecursionError):
-                        continue
-                    if not isinstance(body, dict):
-                        continue
-                    if name == _STATE_CHANGE:
-                        self.add_device_state(body)
-                    elif isinstance(body.get("job_id"), str) and body["job_id"]:
-                        self.add(body)
+        for _, _, record in log_records(batch.message):
+            name = event_name(record)
+            if name not in (_FAILURE, _STATE_CHANGE):
+                continue
+            body = body_object(record)
+            if body is None:
+                continue
+            if name == _STATE_CHANGE:
+                self.add_device_state(body)
+            elif isinstance(body.get("job_id"), str) and body["job_id"]:
+                self.add(body)
         return ExportResult.SUCCESS
 
     def add(self, record: dict[str, Any]) -> None:
