@@ -1,4 +1,4 @@
-"""One job id on every node of a job, without the user's help (DESIGN section 3, "Job identity").
+"""One job id on every node of a job, without the user's help (docs/design.md section 3, "Job identity").
 
 Every record carries ``training.job.id``; the job's aggregator joins the ranks of all nodes by it, so every node must
 find the *same* id on its own. :func:`resolve` looks, in this order, at:

@@ -1,4 +1,4 @@
-"""The failure record (DESIGN section 3) and goodput: keys, enumerations, the failure span and events."""
+"""The failure record (docs/design.md section 3) and goodput: keys, enumerations, the failure span and events."""
 from __future__ import annotations
 
 import enum
@@ -59,7 +59,7 @@ class RootCause(str, enum.Enum):
 # Record keys. In the JSON of `otel-gpu report` they appear bare; on spans they are prefixed "failure.".
 RECORD_KEYS = ("kind", "root_cause", "category", "action", "auto_remediable", "culprit", "job_id", "onset_time",
                "detected_time", "confidence", "evidence", "signature", "recurrence")
-# Keys of a versioned record (DESIGN section 3): every record the attribution processor emits carries them; records
+# Keys of a versioned record (docs/design.md section 3): every record the attribution processor emits carries them; records
 # stored before revisions existed lack them. ``withdrawn`` (bool) and ``previous_root_cause`` (on a revision that
 # changed the cause) sit beside them.
 REVISION_KEYS = ("failure_id", "version")
@@ -98,12 +98,12 @@ FAILURE_SPAN = span("otel_gpu.failure", "One per failure record; carries every f
                                 CULPRIT_GPU, JOB_ID, ONSET_TIME, DETECTED_TIME, CONFIDENCE, EVIDENCE, SIGNATURE,
                                 RECURRENCE, XID, FAILURE_ID, VERSION, WITHDRAWN, PREVIOUS_ROOT_CAUSE))
 FAILURE_EVENT = event("otel_gpu.failure", "The whole failure record, for the embedded store and log backends.",
-                      group=_G, body="the failure record as JSON (keys of DESIGN section 3)")
+                      group=_G, body="the failure record as JSON (keys of docs/design.md section 3)")
 
 FAILURES = metric("otel_gpu.failures", MetricType.COUNTER, "{failure}", "Failures attributed, by kind and cause.",
                   group=_G, attributes=(KIND, ROOT_CAUSE, CATEGORY))
 
-# Goodput (DESIGN section 4).
+# Goodput (docs/design.md section 4).
 _GG = "Goodput"
 
 

@@ -1,4 +1,4 @@
-"""The failure record of DESIGN section 3, its taxonomy defaults, and its stable signature."""
+"""The failure record of docs/design.md section 3, its taxonomy defaults, and its stable signature."""
 from __future__ import annotations
 
 import hashlib

@@ -1,6 +1,6 @@
 """``goodput`` processor: ETTR (productive step time / wall time) and badput buckets per job, live and for the report.
 
-Buckets (DESIGN section 4): startup, data_loading, checkpoint_save, checkpoint_restore, hang, wasted_progress (steps
+Buckets (docs/design.md section 4): startup, data_loading, checkpoint_save, checkpoint_restore, hang, wasted_progress (steps
 since the last checkpoint when a failure struck), restart_gap, slowdown (step time above the baseline), other::
 
     processors:

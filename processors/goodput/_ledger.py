@@ -1,4 +1,4 @@
-"""Per-job time accounting: where the wall time of a job went (DESIGN section 4).
+"""Per-job time accounting: where the wall time of a job went (docs/design.md section 4).
 
 Invariant (tests/test_goodput.py, a hypothesis test): productive time + every badput bucket (``other`` included) =
 wall time, for the job and for each incarnation (the walls of the incarnations partition the job's wall: the restart

@@ -4,7 +4,7 @@ Put it in the logs pipeline after ``attribution``; it keeps, per job, the latest
 (a later ``version`` of the same ``failure_id`` supersedes; a ``withdrawn`` one is left out) and serves:
 
 - ``GET /api/v1/failures?job_id=ID`` -> ``{"failures": [...]}`` newest first: the same records as
-  ``otel-gpu report --format json`` (DESIGN section 3); ``&since=UNIX_S`` keeps those detected at or after it;
+  ``otel-gpu report --format json`` (docs/design.md section 3); ``&since=UNIX_S`` keeps those detected at or after it;
   ``&include_withdrawn=1`` keeps withdrawn ones;
 - ``GET /api/v1/devices?state=drain|watch[&host=H1,H2]`` -> ``{"devices": [...]}``: the latest health state of each
   device (from the ``health`` processor's ``otel_gpu.device.state_change`` events), most recent change first;
