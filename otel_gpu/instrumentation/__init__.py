@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
+import time
 from collections.abc import Collection, Iterator
 from dataclasses import fields
 
@@ -26,7 +27,7 @@ from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 
 from otel_gpu.instrumentation import _hot, _wrappers
 from otel_gpu.instrumentation._hot import NS
-from otel_gpu.instrumentation._wrappers import COLLECTIVES, _AfterImport, _checkpoint_span, _time_ns
+from otel_gpu.instrumentation._wrappers import COLLECTIVES, AfterImport, checkpoint_span
 from otel_gpu.instrumentation.config import InstrumentationConfig, signal_routes, unsupported_settings
 
 _logger = logging.getLogger(__name__)
@@ -124,7 +125,7 @@ class TorchDistributedInstrumentor(BaseInstrumentor):
         self._patch(self._targets())  # imports torch here, in the calling thread, before our threads start
         rt.start()
         if "torch.distributed.checkpoint" not in sys.modules:
-            type(self)._dcp_hook = _AfterImport("torch.distributed.checkpoint", self._on_dcp_import)
+            type(self)._dcp_hook = AfterImport("torch.distributed.checkpoint", self._on_dcp_import)
             sys.meta_path.insert(0, type(self)._dcp_hook)
         try:
             from torch.optim.optimizer import register_optimizer_step_post_hook
@@ -206,7 +207,7 @@ def step(n: int | None = None) -> Iterator[int]:
     rt.explicit_steps = True
     n = NS["_step"] if n is None else int(n)
     NS["_step"] = n
-    t0 = _time_ns()
+    t0 = time.time_ns()
     err = None
     try:
         yield n
@@ -214,9 +215,9 @@ def step(n: int | None = None) -> Iterator[int]:
         err = _hot._error_text(exc)
         raise
     finally:
-        rt.end_step(n, t0, _time_ns(), err)
+        rt.end_step(n, t0, time.time_ns(), err)
 
 
 def checkpoint(path: str | None = None):
     """Marks the blocking part of a checkpoint save (``with otel_gpu.checkpoint("ckpt.pt"): ...``)."""
-    return _checkpoint_span("save", path)
+    return checkpoint_span("save", path)

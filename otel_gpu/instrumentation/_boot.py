@@ -50,6 +50,6 @@ def boot() -> None:
     if "torch" in sys.modules:
         _instrument_now()
     else:
-        from otel_gpu.instrumentation._wrappers import _AfterImport
+        from otel_gpu.instrumentation._wrappers import AfterImport
 
-        sys.meta_path.insert(0, _AfterImport("torch", lambda _module: _instrument_now()))
+        sys.meta_path.insert(0, AfterImport("torch", lambda _module: _instrument_now()))

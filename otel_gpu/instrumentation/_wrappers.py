@@ -197,7 +197,7 @@ def _wrap_checkpoint(what: str, path_arg: int | None, path_kw: str):
             raw = kwargs.get(path_kw)
             if raw is None and path_arg is not None and len(args) > path_arg:
                 raw = args[path_arg]
-            with _checkpoint_span(what, _path_of(raw)):
+            with checkpoint_span(what, _path_of(raw)):
                 return orig(*args, **kwargs)
 
         return wrapper
@@ -206,7 +206,7 @@ def _wrap_checkpoint(what: str, path_arg: int | None, path_kw: str):
 
 
 @contextlib.contextmanager
-def _checkpoint_span(what: str, path: str | None) -> Iterator[None]:
+def checkpoint_span(what: str, path: str | None) -> Iterator[None]:
     if not NS["_on"] or getattr(_ckpt_depth, "n", 0):
         yield
         return
@@ -226,7 +226,7 @@ def _checkpoint_span(what: str, path: str | None) -> Iterator[None]:
         _hot.push((CKPT, what, t0, _time_ns(), path, NS["_step"], err))
 
 
-class _AfterImport(importlib.abc.MetaPathFinder):
+class AfterImport(importlib.abc.MetaPathFinder):
     """Calls ``callback(module)`` once, right after the module named ``name`` has been imported."""
 
     def __init__(self, name: str, callback):
