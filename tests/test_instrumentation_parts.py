@@ -242,3 +242,21 @@ def test_the_variables_that_config_py_names_are_in_its_table():
     named = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
              and n.value.isupper() and n.value.startswith(("OTEL_", "TORCH_", "GRPC_")) and not n.value.endswith("_")}
     assert named - set(VARIABLES) == set()
+
+
+# -- the heartbeat's metrics -----------------------------------------------------------------------------------------
+def test_the_metrics_carry_the_latest_step_the_drops_and_the_collective_histogram():
+    from otel_gpu.instrumentation._metrics import metrics_request
+
+    spans = SpanAssembler(collections.Counter())
+    g = _Group("0")
+    rec = (COLL, "all_reduce", g, 1, 0, S // 100, 8, None, False, None, 1, None)  # 10 ms
+    spans.add_step_breakdown(spans.assemble([rec], [], drain_ns=S, final=True, cur=None))
+    req = metrics_request(None, step_s=0.25, started_ns=7, dropped=3, coll_hist=spans.coll_hist)
+    metrics = {m.name: m for m in req.resource_metrics[0].scope_metrics[0].metrics}
+    assert metrics[str(tr.STEP_DURATION)].gauge.data_points[0].as_double == 0.25
+    assert metrics[str(tr.INSTR_DROPPED)].sum.data_points[0].as_int == 3
+    point = metrics[str(tr.COLLECTIVE_DURATION)].histogram.data_points[0]
+    assert point.count == 1 and point.start_time_unix_nano == 7 and point.attributes[0].value.string_value == \
+        "all_reduce"
+    assert list(point.bucket_counts).index(1) == list(point.explicit_bounds).index(0.01)  # (5 ms, 10 ms]

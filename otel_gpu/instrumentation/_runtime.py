@@ -2,7 +2,7 @@
 
 Nothing here runs on the training thread's hot path except ``on_optimizer_step`` (once per step). The parts, one job
 each: ``_spans`` (ring records and flight-recorder entries to spans), ``_flight`` (reading torch's flight recorder),
-``_export`` (the OTLP client), ``_watchdog`` (heartbeats, the stall decision, stacks), ``_crash`` (excepthooks,
+``_export`` (the OTLP client), ``_metrics`` (the heartbeat's metrics), ``_watchdog`` (heartbeats, the stall decision, stacks), ``_crash`` (excepthooks,
 signals, atexit). The export thread drains the ring every ``export_interval_s`` and sends spans and queued logs; the
 watchdog thread sends a heartbeat every ``heartbeat_s``.
 """
@@ -16,14 +16,13 @@ import threading
 import time
 
 from otel_gpu import jobid
-from otel_gpu.instrumentation import _export, _flight, _hot, _pbenc, _registry
+from otel_gpu.instrumentation import _export, _flight, _hot, _metrics, _pbenc, _registry
 from otel_gpu.instrumentation._crash import CrashHooks, classify
 from otel_gpu.instrumentation._hot import NS, STEP
 from otel_gpu.instrumentation._identity import Identity, job_id_from_env
-from otel_gpu.instrumentation._spans import COLL_BOUNDS, SpanAssembler
+from otel_gpu.instrumentation._spans import SpanAssembler
 from otel_gpu.instrumentation._watchdog import Watchdog
 from otel_gpu.instrumentation.config import InstrumentationConfig, attribute_limits, env, signal_routes
-from otel_gpu.schema import training as tr
 
 __all__ = ["Runtime", "current", "classify"]
 
@@ -292,37 +291,9 @@ class Runtime:
         self.client.send_metrics(self._metrics_request())
 
     def _metrics_request(self):
-        """Step duration (gauge), collective durations by op (cumulative histogram of the collectives whose end is
-        known) and records dropped by the ring buffer: what the training dashboard plots, once per heartbeat."""
-        from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
-        from opentelemetry.proto.metrics.v1 import metrics_pb2
-
-        now = time.time_ns()
-        req = ExportMetricsServiceRequest()
-        rm = req.resource_metrics.add()
-        rm.resource.CopyFrom(self.resource())
-        sm = rm.scope_metrics.add()
-        sm.scope.name = "otel_gpu.instrumentation"
-        if self.step_durs:
-            m = sm.metrics.add(name=str(tr.STEP_DURATION), unit=tr.STEP_DURATION.unit,
-                               description=tr.STEP_DURATION.description)
-            m.gauge.data_points.add(time_unix_nano=now, as_double=float(self.step_durs[-1]))
-        m = sm.metrics.add(name=str(tr.INSTR_DROPPED), unit=tr.INSTR_DROPPED.unit,
-                           description=tr.INSTR_DROPPED.description)
-        m.sum.is_monotonic = True
-        m.sum.aggregation_temporality = metrics_pb2.AGGREGATION_TEMPORALITY_CUMULATIVE
-        m.sum.data_points.add(start_time_unix_nano=self._started_ns, time_unix_nano=now,
-                              as_int=int(NS["_drops"]) + int(self.counters["spans_dropped"]))
-        if self.spans.coll_hist:
-            m = sm.metrics.add(name=str(tr.COLLECTIVE_DURATION), unit=tr.COLLECTIVE_DURATION.unit,
-                               description=tr.COLLECTIVE_DURATION.description)
-            m.histogram.aggregation_temporality = metrics_pb2.AGGREGATION_TEMPORALITY_CUMULATIVE
-            for op, (counts, total, n) in self.spans.coll_hist.items():
-                p = m.histogram.data_points.add(start_time_unix_nano=self._started_ns, time_unix_nano=now, count=n,
-                                                sum=total, explicit_bounds=COLL_BOUNDS, bucket_counts=counts)
-                kv = p.attributes.add(key=str(tr.COLL_OP))
-                kv.value.string_value = op
-        return req
+        return _metrics.metrics_request(self.resource(), self.step_durs[-1] if self.step_durs else None,
+                                        self._started_ns, NS["_drops"] + self.counters["spans_dropped"],
+                                        self.spans.coll_hist)
 
     # ---------------------------------------------------------------- logs
     def log(self, event, attrs: dict, body: dict, severity: int = _export.INFO, now: bool = False) -> None:
