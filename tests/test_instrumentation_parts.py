@@ -25,13 +25,21 @@ S = 1_000_000_000
 
 
 class _Group:
-    """A process group as the assembler sees one: a name (through group_name) and a size."""
+    """A process group with a name and a size."""
 
     def __init__(self, name: str, size: int = 2):
-        self.group_name, self._size = name, size
+        self.name, self._size = name, size
 
     def size(self) -> int:
         return self._size
+
+
+def _assembler(*groups: _Group) -> SpanAssembler:
+    """An assembler that knows ``groups`` by name (torch, when imported, would not name a fake group)."""
+    spans = SpanAssembler(collections.Counter())
+    for g in groups:
+        spans.pg_info[id(g)] = (g, g.name, g.size())
+    return spans
 
 
 def _by_name(spans: list) -> dict[str, list]:
@@ -43,9 +51,9 @@ def _by_name(spans: list) -> dict[str, list]:
 
 # -- span assembly ---------------------------------------------------------------------------------------------------
 def test_a_step_gets_its_collective_and_data_time_and_children_share_its_trace():
-    counters = collections.Counter()
-    spans = SpanAssembler(counters)
     g = _Group("0")
+    spans = _assembler(g)
+    counters = spans.counters
     records = [(DATA, 0, 1 * S, 1, None),
                (COLL, "all_reduce", g, 1, 2 * S, 3 * S, 64, "torch.float32", False, None, 1, None),
                (COLL, "all_reduce", g, 2, 3 * S, 4 * S, 64, "torch.float32", False, None, 1, "RuntimeError: x"),
@@ -70,9 +78,9 @@ def test_a_step_gets_its_collective_and_data_time_and_children_share_its_trace()
 
 
 def test_an_async_collective_ends_at_its_wait_and_the_recorder_only_ops_shift_the_seq():
-    counters = collections.Counter()
-    spans = SpanAssembler(counters)
     g = _Group("0")
+    spans = _assembler(g)
+    counters = spans.counters
     issued = (COLL, "all_reduce", g, 1, 1 * S, 2 * S, 8, None, True, None, 1, None)
     assert spans.assemble([issued], [], drain_ns=3 * S, final=False, cur=None) == []  # waits for Work.wait
     cpp = {"process_group": ["0"], "time_created_ns": 5 * S, "collective_seq_id": 2,
@@ -92,8 +100,8 @@ def test_an_async_collective_ends_at_its_wait_and_the_recorder_only_ops_shift_th
 
 
 def test_a_recorder_entry_of_a_python_call_in_flight_waits_for_the_next_cycle():
-    spans = SpanAssembler(collections.Counter())
     g = _Group("0")
+    spans = _assembler(g)
     entry = {"process_group": ["0"], "time_created_ns": 2 * S, "collective_seq_id": 1, "profiling_name": "x"}
     cur = ("all_reduce", g, 1, 1 * S, "collective")
     assert spans.assemble([], [entry], drain_ns=3 * S, final=False, cur=cur) == []
@@ -118,7 +126,7 @@ def test_the_failed_collective_slot_names_the_op_and_torch_s_seq():
     assert _hot.NS["_failed"] == ("all_reduce", g, 1, "RuntimeError: Connection closed by peer")
 
     class _Rt:
-        spans = SpanAssembler(collections.Counter())
+        spans = _assembler(g)
 
     _Rt.spans.cpp_count["7"] = 4  # four C++-issued collectives before it: torch's seq is 5
     assert CrashHooks(_Rt()).failed_collective() == {"op": "all_reduce", "pg": "7", "seq": 5,
@@ -248,8 +256,8 @@ def test_the_variables_that_config_py_names_are_in_its_table():
 def test_the_metrics_carry_the_latest_step_the_drops_and_the_collective_histogram():
     from otel_gpu.instrumentation._metrics import metrics_request
 
-    spans = SpanAssembler(collections.Counter())
     g = _Group("0")
+    spans = _assembler(g)
     rec = (COLL, "all_reduce", g, 1, 0, S // 100, 8, None, False, None, 1, None)  # 10 ms
     spans.add_step_breakdown(spans.assemble([rec], [], drain_ns=S, final=True, cur=None))
     req = metrics_request(None, step_s=0.25, started_ns=7, dropped=3, coll_hist=spans.coll_hist)
