@@ -2,9 +2,9 @@
 
 Nothing here runs on the training thread's hot path except ``on_optimizer_step`` (once per step). The parts, one job
 each: ``_spans`` (ring records and flight-recorder entries to spans), ``_flight`` (reading torch's flight recorder),
-``_export`` (the OTLP client), ``_metrics`` (the heartbeat's metrics), ``_watchdog`` (heartbeats, the stall decision, stacks), ``_crash`` (excepthooks,
-signals, atexit). The export thread drains the ring every ``export_interval_s`` and sends spans and queued logs; the
-watchdog thread sends a heartbeat every ``heartbeat_s``.
+``_export`` (the OTLP client), ``_metrics`` (the heartbeat's metrics), ``_watchdog`` (heartbeats, the stall decision,
+stacks), ``_crash`` (excepthooks, signals, atexit). The export thread drains the ring every ``export_interval_s`` and
+sends spans and queued logs; the watchdog thread sends a heartbeat every ``heartbeat_s``.
 """
 from __future__ import annotations
 
