@@ -45,10 +45,12 @@ def reset(ring_size: int) -> None:
         _in=False,  # inside a wrapped collective: torch's own nested calls (send -> isend) are not counted twice
         _step=1,
         _dpg=None,
-        _failed=None,  # (op, group, seq, error text) of the collective that failed last
         _ns=time.time_ns,
         _id=id,
     )
+    # _failed: (op, group, seq, error text) of the collective that failed last, set by _fail only (a key the
+    # wrappers never touch: their globals keep the layout they were tuned with)
+    NS.pop("_failed", None)
 
 
 reset(16)

@@ -71,7 +71,7 @@ class Runtime:
         self.explicit_steps = False
         self._flushing: int | None = None  # thread id inside flush()
         self._shut = False
-        NS["_failed"] = None
+        NS.pop("_failed", None)  # a failed collective of an earlier runtime is not this one's
 
     # ---------------------------------------------------------------- lifecycle
     def start(self) -> None:
