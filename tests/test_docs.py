@@ -215,6 +215,67 @@ def test_the_table_check_catches_drift():
     assert _check_row(Cfg, ["`interval`", "`5s`", ""], 1) == ["interval: README says `5s`, the code's default is 0.5"]
 
 
+# -- the instrumentation's environment variables vs config.VARIABLES -------------------------------------------------
+def _variable_pattern(token: str) -> re.Pattern:
+    """A README spelling of variables as a regex: ``[SIGNAL_]`` optional signal, ``{A,B}`` choices, ``*`` any."""
+    text = re.escape(token).replace(r"\[SIGNAL_\]", "((TRACES|METRICS|LOGS)_)?").replace(r"\*", "[A-Z_]*")
+    text = re.sub(r"\\\{([A-Z,]+)\\\}", lambda m: "(" + m.group(1).replace(",", "|") + ")", text)
+    return re.compile(text)
+
+
+def test_the_instrumentation_readme_lists_every_variable_of_the_config_table():
+    from otel_gpu.instrumentation.config import ENV, VARIABLES
+
+    text = (ROOT / "otel_gpu/instrumentation/README.md").read_text(encoding="utf-8")
+    rows = _settings_table(text)
+    header, body = rows[0], rows[1:]
+    env_col, default_col = header.index("environment"), header.index("default")
+    problems, in_table = [], set()
+    for cells in body:
+        names = re.findall(r"`([A-Z][A-Z0-9_]*)`", cells[env_col])
+        in_table.update(names)
+        field = re.findall(r"^([a-z_]+)$", cells[0])
+        if field:  # an option: its variable is ENV's (its default is checked against the dataclass above)
+            if names != [ENV.get(field[0])]:
+                problems.append(f"{field[0]}: README says {names}, config.ENV says {ENV.get(field[0])}")
+        else:  # a variable without an option: the default is the table's
+            for name in names:
+                doc = cells[default_col].strip("`")
+                code = VARIABLES.get(name, ("<missing>", ""))[0]
+                if doc != code:
+                    problems.append(f"{name}: README default {doc!r}, config.VARIABLES says {code!r}")
+    settings = set(ENV.values()) | {v for v, (_, kind) in VARIABLES.items() if kind == "setting"}
+    problems += [f"{v}: in config.VARIABLES as a setting, not in the README's settings table"
+                 for v in sorted(settings - in_table)]
+    problems += [f"{v}: in the README's settings table, not a setting in config.VARIABLES"
+                 for v in sorted(in_table - settings)]
+    # the SDK's variables: each matched by a spelling in the README (its SDK tables)
+    patterns = [_variable_pattern(t) for t in re.findall(r"`(OTEL_[A-Z0-9_\[\]{},*]+)`", text)]
+    spelled = [t.lstrip("_") for t in re.findall(r"`(_[A-Z][A-Z_]+)`", text)]  # `_CLIENT_KEY` after a full name
+    for var in sorted(v for v, (_, kind) in VARIABLES.items() if kind == "sdk"):
+        if not any(p.fullmatch(var) for p in patterns) and not any(var.endswith("_" + s) for s in spelled):
+            problems.append(f"{var}: read by the instrumentation, not in README.md")
+    assert not problems, "\n".join(problems)
+
+
+def test_the_variable_check_catches_drift(monkeypatch):
+    from otel_gpu.instrumentation import config
+
+    monkeypatch.setitem(config.VARIABLES, "OTEL_GPU_EXPORT_BUFFER_MIB", ("16", "setting"))
+    monkeypatch.setitem(config.VARIABLES, "OTEL_GPU_NEW_SETTING", ("", "setting"))
+    monkeypatch.setitem(config.VARIABLES, "OTEL_FOO_BAR", ("", "sdk"))
+    with pytest.raises(AssertionError, match="(?s)README default '8'.*OTEL_GPU_NEW_SETTING.*OTEL_FOO_BAR"):
+        test_the_instrumentation_readme_lists_every_variable_of_the_config_table()
+
+
+def test_the_variable_spellings_expand_as_the_readme_means():
+    assert _variable_pattern("OTEL_EXPORTER_OTLP_[SIGNAL_]TIMEOUT").fullmatch("OTEL_EXPORTER_OTLP_LOGS_TIMEOUT")
+    assert _variable_pattern("OTEL_EXPORTER_OTLP_[SIGNAL_]TIMEOUT").fullmatch("OTEL_EXPORTER_OTLP_TIMEOUT")
+    assert _variable_pattern("OTEL_EXPORTER_OTLP_{TRACES,LOGS}_ENDPOINT").fullmatch("OTEL_EXPORTER_OTLP_LOGS_ENDPOINT")
+    assert not _variable_pattern("OTEL_EXPORTER_OTLP_{TRACES,LOGS}_ENDPOINT").fullmatch("OTEL_EXPORTER_OTLP_ENDPOINT")
+    assert _variable_pattern("OTEL_BLRP_*").fullmatch("OTEL_BLRP_MAX_QUEUE_SIZE")
+
+
 # -- links -----------------------------------------------------------------------------------------------------------
 def _markdown_files() -> list[str]:
     out = subprocess.run(["git", "ls-files", "*.md"], cwd=ROOT, capture_output=True, text=True)

@@ -10,6 +10,7 @@ import os
 import sys
 
 from otel_gpu.instrumentation import _registry
+from otel_gpu.instrumentation.config import env
 
 _logger = logging.getLogger(__name__)
 
@@ -37,18 +38,18 @@ def _instrument_now() -> None:
 
 
 def boot() -> None:
-    folder = os.environ.get("OTEL_GPU_REGISTRY")
+    folder = env("OTEL_GPU_REGISTRY")
     argv = list(getattr(sys, "orig_argv", None) or sys.argv)
     agent = is_torchrun_agent(argv[1:] if argv and "python" in os.path.basename(argv[0]) else argv)
     if folder and os.path.isdir(folder):
         _registry.write_proc(folder, {"pid": os.getpid(), "ppid": os.getppid(), "role": "agent" if agent else
-                                      "python", "rank": os.environ.get("RANK"), "argv": argv[:8],
-                                      "restart_count": os.environ.get("TORCHELASTIC_RESTART_COUNT")})
-    if agent or os.environ.get("OTEL_GPU_AUTO_SKIP") == "1":
+                                      "python", "rank": env("RANK"), "argv": argv[:8],
+                                      "restart_count": env("TORCHELASTIC_RESTART_COUNT")})
+    if agent or env("OTEL_GPU_AUTO_SKIP") == "1":
         return
     if "torch" in sys.modules:
         _instrument_now()
     else:
-        from otel_gpu.instrumentation import _AfterImport  # (the package is already loaded: _registry is in it)
+        from otel_gpu.instrumentation._wrappers import AfterImport
 
-        sys.meta_path.insert(0, _AfterImport("torch", lambda _module: _instrument_now()))
+        sys.meta_path.insert(0, AfterImport("torch", lambda _module: _instrument_now()))

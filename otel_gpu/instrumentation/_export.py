@@ -16,13 +16,11 @@ import collections
 import gzip
 import json
 import logging
-import os
 import sys
 import threading
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
 
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
@@ -30,6 +28,10 @@ from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.logs.v1 import logs_pb2
 from opentelemetry.proto.resource.v1 import resource_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
+
+from otel_gpu.instrumentation.config import SIGNALS, Route, env, export_buffer_mib, set_env, signal_url
+
+__all__ = ["OtlpClient", "Route", "SIGNALS", "signal_url", "make_resource", "logs_request"]
 
 _logger = logging.getLogger(__name__)
 
@@ -124,20 +126,6 @@ ERROR = logs_pb2.SEVERITY_NUMBER_ERROR
 FATAL = logs_pb2.SEVERITY_NUMBER_FATAL
 
 
-def _buffer_mib_from_env(default: float = 8.0) -> float:
-    raw = os.environ.get("OTEL_GPU_EXPORT_BUFFER_MIB", "").strip()
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-        if value < 0:
-            raise ValueError
-        return value
-    except ValueError:
-        _logger.warning("otel-gpu: OTEL_GPU_EXPORT_BUFFER_MIB=%r is not a size in MiB >= 0; using %s", raw, default)
-        return default
-
-
 _OK, _RETRY, _REJECTED = "ok", "retry", "rejected"
 # Worth sending again (the OTLP specification's list; RESOURCE_EXHAUSTED: a collector's memory limiter). Anything
 # else the server answered is permanent; errors without an answer (connection refused, timeouts) are retried.
@@ -161,52 +149,9 @@ def _permanent(exc: BaseException) -> bool:
 _DRAIN_BUDGET_S = 1.0  # longest one call spends re-sending the buffer (the watchdog's heartbeats go through here)
 
 
-SIGNALS = ("traces", "metrics", "logs")
-
-
-@dataclass
-class Route:
-    """Where and how one signal is sent (from the OTEL_EXPORTER_OTLP_* variables, see config.signal_routes).
-
-    ``url`` is the full URL for HTTP (``.../v1/traces``) and ``[scheme://]host:port`` for gRPC; ``secure`` decides TLS
-    for a gRPC endpoint; ``otlp`` False drops the signal (OTEL_*_EXPORTER=none or console only); ``console`` also
-    writes each request as one OTLP/JSON line to stdout."""
-
-    url: str
-    protocol: str = "grpc"  # grpc | http/protobuf
-    headers: dict[str, str] = field(default_factory=dict)
-    timeout_s: float = 2.0
-    compression: str = "none"  # none | gzip
-    secure: bool = False
-    ca_file: str = ""
-    cert_file: str = ""
-    key_file: str = ""
-    otlp: bool = True
-    console: bool = False
-
-    @property
-    def tls_files(self) -> tuple[str, str, str]:
-        return self.ca_file, self.cert_file, self.key_file
-
-
-def signal_url(endpoint: str, protocol: str, signal: str) -> str:
-    """The generic endpoint (OTEL_EXPORTER_OTLP_ENDPOINT) for one signal: HTTP appends ``/v1/<signal>`` to its path
-    (``http://h:4318/base`` -> ``http://h:4318/base/v1/traces``), gRPC uses it as it is.
-
-    >>> signal_url("http://c:4318/otlp/", "http/protobuf", "logs"), signal_url("c:4317", "grpc", "logs")
-    ('http://c:4318/otlp/v1/logs', 'c:4317')
-    """
-    if protocol == "grpc":
-        return endpoint
-    url = endpoint.rstrip("/")
-    if not url.startswith(("http://", "https://")):
-        url = "http://" + url
-    return f"{url}/v1/{signal}"
-
-
 def _tls_files_from_env() -> tuple[str, str, str]:
     """(CA, client certificate, client key) file paths from the generic OTEL_EXPORTER_OTLP_* variables."""
-    return tuple(os.environ.get(f"OTEL_EXPORTER_OTLP_{name}") or ""  # type: ignore[return-value]
+    return tuple(env(f"OTEL_EXPORTER_OTLP_{name}") or ""  # type: ignore[return-value]
                  for name in ("CERTIFICATE", "CLIENT_CERTIFICATE", "CLIENT_KEY"))
 
 
@@ -274,7 +219,7 @@ class OtlpClient:
         self.lost_at_close = 0  # spans and log records still buffered at close()
         self.rejected = 0  # requests the collector refused for good (permanent error)
         self._seen: set = set()
-        self.max_buffer_bytes = int((_buffer_mib_from_env() if buffer_mib is None else buffer_mib) * 1024 * 1024)
+        self.max_buffer_bytes = int((export_buffer_mib() if buffer_mib is None else buffer_mib) * 1024 * 1024)
         self._buffer: collections.deque[tuple[str, bytes]] = collections.deque()
         self._drain_lock = threading.Lock()
         self._lock = threading.Lock()
@@ -290,15 +235,15 @@ class OtlpClient:
         call = self._calls.get(signal)
         if call is not None:
             return call
-        if "grpc" not in sys.modules and "GRPC_ENABLE_FORK_SUPPORT" not in os.environ:
+        if "grpc" not in sys.modules and env("GRPC_ENABLE_FORK_SUPPORT") is None:
             # DataLoader workers fork while our export thread may be inside gRPC: without this, gRPC logs
             # "skipping fork() handlers" at every fork. Children never use our channel (instrumentation is off
             # after fork). Read once at import; not left in the environment for the user's own processes.
-            os.environ["GRPC_ENABLE_FORK_SUPPORT"] = "false"
+            set_env("GRPC_ENABLE_FORK_SUPPORT", "false")
             try:
                 import grpc
             finally:
-                os.environ.pop("GRPC_ENABLE_FORK_SUPPORT", None)
+                set_env("GRPC_ENABLE_FORK_SUPPORT", None)
         import grpc
 
         target = route.url

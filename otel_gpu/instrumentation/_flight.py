@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import pickle
 import sys
 import threading
+import time
+
+from otel_gpu.instrumentation._hot import NS
+from otel_gpu.instrumentation.config import env, set_env
 
 _logger = logging.getLogger(__name__)
 
@@ -28,13 +31,14 @@ def enable_env(size: int) -> bool:
     """Turns the recorder on for process groups created from now on, unless the user configured it. Returns
     whether it is (or already was) on."""
     for var in ENV_VARS:
-        if os.environ.get(var):
-            return os.environ[var] != "0"
+        value = env(var)
+        if value:
+            return value != "0"
     if size <= 0:
         return False
-    os.environ["TORCH_FR_BUFFER_SIZE"] = str(size)
+    set_env("TORCH_FR_BUFFER_SIZE", str(size))
     # On NCCL, completion times (and CUDA-event durations) are filled in only with timing enabled.
-    os.environ.setdefault("TORCH_NCCL_ENABLE_TIMING", "1")
+    set_env("TORCH_NCCL_ENABLE_TIMING", "1", only_if_unset=True)
     return True
 
 
@@ -42,8 +46,8 @@ def buffer_size() -> int:
     """Entries torch keeps (the env var in force), 0 when unknown or off."""
     for var in ENV_VARS:
         try:
-            return int(os.environ[var])
-        except (KeyError, ValueError):
+            return int(env(var) or "")
+        except ValueError:
             continue
     return 0
 
@@ -131,3 +135,75 @@ class FlightRecorder:
                 if e.get("state") == "completed" or e.get("time_discovered_completed_ns"):
                     self.last_completed[pg] = max(self.last_completed.get(pg, 0), seq)
             return entries
+
+
+class Reads:
+    """When the recorder is read, and what was read, for the export thread.
+
+    A read holds the GIL for ~15 us per buffered entry, so it happens only when torch counted ops on some group that
+    neither the wrappers nor earlier reads accounted for, and routine reads are spaced by the buffer size (1 s per 256
+    entries, at least ``export_interval_s``); a stalled process or the final flush reads at once. ``pg`` names a
+    process group; ``cpp_count`` (pg name -> ops seen only in the recorder) is the span assembler's.
+    """
+
+    def __init__(self, export_interval_s: float, pg, cpp_count: dict[str, int], counters) -> None:
+        self.fr = FlightRecorder()
+        self.enabled = False
+        self.inbox: list[dict] = []  # entries read by either thread, for the export thread
+        self.lock = threading.Lock()
+        self.last_read = 0.0  # monotonic
+        self.last_read_wall_ns = 0
+        self._export_interval_s = export_interval_s
+        self._min_interval_s = export_interval_s
+        self._pg = pg
+        self._cpp_count = cpp_count
+        self._counters = counters
+
+    def enable(self, size: int) -> None:
+        """Sets TORCH_FR_BUFFER_SIZE for process groups created from now on (idempotent)."""
+        if not self.enabled:
+            self.enabled = enable_env(size)
+            self._min_interval_s = max(self._export_interval_s, buffer_size() / 256)
+
+    def _all_pgs(self) -> list:
+        c10d = sys.modules.get("torch.distributed.distributed_c10d")  # not imported from a background thread
+        try:
+            return list(c10d._world.pg_map.keys()) if c10d is not None else []
+        except Exception:  # noqa: BLE001
+            return []
+
+    def cpp_ops_pending(self) -> bool:
+        """True when torch counted ops on some group that neither the wrappers nor the recorder accounted for."""
+        seq, p2p = NS["_seq"], NS["_p2p"]
+        for g in self._all_pgs():
+            try:
+                torch_seq = g._get_sequence_number_for_group()
+            except Exception:  # noqa: BLE001 - e.g. NCCL before its communicator exists
+                continue
+            name, _ = self._pg(g)
+            if torch_seq > seq.get(g, 0) + p2p.get(g, 0) + self._cpp_count.get(name, 0):
+                return True
+        return False
+
+    def poll(self, force: bool = False, stalled: bool = False) -> None:
+        """Reads new recorder entries into ``inbox`` when due (see the class)."""
+        if not self.enabled or self.fr.available is False:
+            return
+        now = time.monotonic()
+        if not force and not stalled and now - self.last_read < self._min_interval_s:
+            return
+        if not force and not self.cpp_ops_pending():
+            return
+        self.last_read = now
+        self.last_read_wall_ns = time.time_ns()
+        entries = self.fr.poll()
+        if entries:
+            with self.lock:
+                self.inbox.extend(entries)
+            self._counters["fr_polls"] += 1
+
+    def take(self) -> list[dict]:
+        """The entries read since the last take."""
+        with self.lock:
+            out, self.inbox = self.inbox, []
+        return out

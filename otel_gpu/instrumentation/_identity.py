@@ -28,7 +28,9 @@ import socket
 import sys
 import time
 import uuid
+from collections.abc import Mapping
 
+from otel_gpu.instrumentation.config import env, set_env
 from otel_gpu.schema import identity as ids
 
 _logger = logging.getLogger(__name__)
@@ -60,8 +62,8 @@ def _iso(t: float) -> str:
 
 def _int_env(name: str) -> int | None:
     try:
-        return int(os.environ[name])
-    except (KeyError, ValueError):
+        return int(env(name) or "")
+    except ValueError:
         return None
 
 
@@ -73,8 +75,8 @@ def job_id_from_env(explicit: str | None = None) -> str:
     found = explicit or (jobid.resolve() or jobid.JobId("", "")).value
     if found:
         return found
-    job = os.environ.get(jobid.PROVISIONAL_ENV) or jobid.generated()
-    os.environ[jobid.PROVISIONAL_ENV] = job
+    job = env(jobid.PROVISIONAL_ENV) or jobid.generated()
+    set_env(jobid.PROVISIONAL_ENV, job)
     return job
 
 
@@ -125,12 +127,12 @@ def uuid_from_visible_devices(cuda_index: int, visible: str | None) -> str | Non
     return None
 
 
-def net_interfaces_from_env(environ: dict[str, str] | os._Environ) -> str | None:
+def net_interfaces_from_env(environ: Mapping[str, str] | None = None) -> str | None:
     """The interfaces the job's collectives use, as the user told gloo / NCCL (exclusions, ``^...``, say nothing
     usable and are left out); None when unset, and the collector falls back to the ports up at job start."""
     names: list[str] = []
     for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "NCCL_IB_HCA"):
-        for item in (environ.get(var) or "").split(","):
+        for item in (env(var, environ) or "").split(","):
             item = item.strip()
             if item and not item.startswith("^") and item not in names:
                 names.append(item)
@@ -154,7 +156,7 @@ class Identity:
                      or socket.gethostname())
         self.pid = os.getpid()
         self.created = _iso(process_creation_time())
-        self.net_interfaces = net_interfaces_from_env(os.environ)
+        self.net_interfaces = net_interfaces_from_env()
         self.gpu_index: int | None = None
         self.gpu_uuid: str | None = None
         self.version = 0  # bumped on every change, so encoders can cache
@@ -182,7 +184,7 @@ class Identity:
             if torch is None or not torch.cuda.is_initialized():
                 return False
             cuda_index = torch.cuda.current_device()
-            visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+            visible = env("CUDA_VISIBLE_DEVICES")
             index = nvml_index_from_visible_devices(cuda_index, visible)
             uuid_ = _uuid_text(getattr(torch.cuda.get_device_properties(cuda_index), "uuid", None))
             if uuid_ is None:

@@ -25,7 +25,8 @@ from dataclasses import dataclass, field, fields
 
 _logger = logging.getLogger(__name__)
 
-__all__ = ["InstrumentationConfig", "ENV", "attribute_limits", "signal_routes", "unsupported_settings"]
+__all__ = ["InstrumentationConfig", "ENV", "VARIABLES", "env", "set_env", "attribute_limits", "signal_routes",
+           "unsupported_settings"]
 
 #: option name -> environment variable. A bad environment value warns and falls back to the default.
 ENV = {
@@ -47,6 +48,118 @@ ENV = {
     "registry_dir": "OTEL_GPU_REGISTRY",
     "sdk_disabled": "OTEL_SDK_DISABLED",
 }
+
+
+_SIGNAL_VARS = tuple(f"OTEL_EXPORTER_OTLP_{signal}_{name}" for signal in ("TRACES", "METRICS", "LOGS")
+                     for name in ("ENDPOINT", "PROTOCOL", "HEADERS", "TIMEOUT", "COMPRESSION", "INSECURE",
+                                  "CERTIFICATE", "CLIENT_CERTIFICATE", "CLIENT_KEY"))
+_TLS_VARS = tuple(f"OTEL_EXPORTER_OTLP_{name}" for name in ("TIMEOUT", "COMPRESSION", "INSECURE", "CERTIFICATE",
+                                                            "CLIENT_CERTIFICATE", "CLIENT_KEY"))
+
+#: Every environment variable the instrumentation reads (or sets), in one place: name -> (default, kind). Kinds:
+#: ``setting`` (ours, in README.md's settings table: the variables of ``ENV`` and the settings without an option),
+#: ``sdk`` (the OpenTelemetry SDK's, README.md's SDK tables), ``launcher`` (set by torchrun, Slurm, ``otel-gpu run``
+#: or the container runtime; read for identity), ``torch`` (torch's and gRPC's own, set for them). Defaults are the
+#: text of an unset variable's effect ("": see the option's default, or unset means nothing). The SDK variables that
+#: do not apply (``_UNSUPPORTED``) are added below that table. Modules read and set them through :func:`env` and
+#: :func:`set_env` only (tests/test_instrumentation_unit.py checks).
+VARIABLES: dict[str, tuple[str, str]] = {
+    **{var: ("", "setting") for var in ENV.values() if var.startswith("OTEL_GPU_")},
+    "OTEL_GPU_EXPORT_BUFFER_MIB": ("8", "setting"),
+    **{var: ("", "sdk") for var in ENV.values() if not var.startswith("OTEL_GPU_")},
+    "OTEL_BSP_SCHEDULE_DELAY": ("", "sdk"),
+    **{f"OTEL_{signal}_EXPORTER": ("otlp", "sdk") for signal in ("TRACES", "METRICS", "LOGS")},
+    **{var: ("", "sdk") for var in _SIGNAL_VARS + _TLS_VARS},
+    **{var: ("", "sdk") for var in ("OTEL_ATTRIBUTE_COUNT_LIMIT", "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT",
+                                   "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", "OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT",
+                                   "OTEL_LOGRECORD_ATTRIBUTE_COUNT_LIMIT",
+                                   "OTEL_LOGRECORD_ATTRIBUTE_VALUE_LENGTH_LIMIT")},
+    **{var: ("", "launcher") for var in (
+        "RANK", "LOCAL_RANK", "WORLD_SIZE", "TORCHELASTIC_RESTART_COUNT", "CUDA_VISIBLE_DEVICES",
+        "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "NCCL_IB_HCA",
+        "OTEL_GPU_AUTO", "OTEL_GPU_AUTO_SKIP", "OTEL_GPU_RESTART_COUNT", "OTEL_GPU_JOB_ID_PROVISIONAL")},
+    **{var: ("", "torch") for var in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE",
+                                     "TORCH_NCCL_ENABLE_TIMING", "GRPC_ENABLE_FORK_SUPPORT")},
+}
+
+
+def env(name: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """The value of ``name`` (one of :data:`VARIABLES`) in ``environ`` (default ``os.environ``), None when unset.
+
+    >>> env("OTEL_GPU_HEARTBEAT_S", {"OTEL_GPU_HEARTBEAT_S": "1"})
+    '1'
+    """
+    if name not in VARIABLES:
+        raise KeyError(f"{name} is not in otel_gpu.instrumentation.config.VARIABLES: add it there (and to README.md)")
+    return (os.environ if environ is None else environ).get(name)
+
+
+def set_env(name: str, value: str | None, only_if_unset: bool = False) -> None:
+    """Sets (``value`` None: removes) one of :data:`VARIABLES` in this process's environment, for torch or gRPC."""
+    if name not in VARIABLES:
+        raise KeyError(f"{name} is not in otel_gpu.instrumentation.config.VARIABLES")
+    if value is None:
+        os.environ.pop(name, None)
+    elif not (only_if_unset and name in os.environ):
+        os.environ[name] = value
+
+
+SIGNALS = ("traces", "metrics", "logs")
+
+
+@dataclass
+class Route:
+    """Where and how one signal is sent (from the OTEL_EXPORTER_OTLP_* variables, see config.signal_routes).
+
+    ``url`` is the full URL for HTTP (``.../v1/traces``) and ``[scheme://]host:port`` for gRPC; ``secure`` decides TLS
+    for a gRPC endpoint; ``otlp`` False drops the signal (OTEL_*_EXPORTER=none or console only); ``console`` also
+    writes each request as one OTLP/JSON line to stdout."""
+
+    url: str
+    protocol: str = "grpc"  # grpc | http/protobuf
+    headers: dict[str, str] = field(default_factory=dict)
+    timeout_s: float = 2.0
+    compression: str = "none"  # none | gzip
+    secure: bool = False
+    ca_file: str = ""
+    cert_file: str = ""
+    key_file: str = ""
+    otlp: bool = True
+    console: bool = False
+
+    @property
+    def tls_files(self) -> tuple[str, str, str]:
+        return self.ca_file, self.cert_file, self.key_file
+
+
+def signal_url(endpoint: str, protocol: str, signal: str) -> str:
+    """The generic endpoint (OTEL_EXPORTER_OTLP_ENDPOINT) for one signal: HTTP appends ``/v1/<signal>`` to its path
+    (``http://h:4318/base`` -> ``http://h:4318/base/v1/traces``), gRPC uses it as it is.
+
+    >>> signal_url("http://c:4318/otlp/", "http/protobuf", "logs"), signal_url("c:4317", "grpc", "logs")
+    ('http://c:4318/otlp/v1/logs', 'c:4317')
+    """
+    if protocol == "grpc":
+        return endpoint
+    url = endpoint.rstrip("/")
+    if not url.startswith(("http://", "https://")):
+        url = "http://" + url
+    return f"{url}/v1/{signal}"
+
+
+def export_buffer_mib(default: float = 8.0) -> float:
+    """OTEL_GPU_EXPORT_BUFFER_MIB: MiB of unsent requests kept while the collector is down."""
+    raw = (env("OTEL_GPU_EXPORT_BUFFER_MIB") or "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+        if value < 0:
+            raise ValueError
+        return value
+    except ValueError:
+        _logger.warning("otel-gpu: OTEL_GPU_EXPORT_BUFFER_MIB=%r is not a size in MiB >= 0; using %s", raw, default)
+        return default
 
 
 def _parse_kv(text: str) -> dict[str, str]:
@@ -110,7 +223,7 @@ class InstrumentationConfig:
         cfg = cls()
         cfg.set_by = {}  # option -> "argument" or the variable that set it (what signal_routes' precedence needs)
         for name, var in ENV.items():
-            raw = environ.get(var)
+            raw = env(var, environ)
             if raw is None or raw == "":
                 continue
             default = getattr(cfg, name)
@@ -155,7 +268,7 @@ def _warn(var: str, raw: str, hint: str) -> None:
 
 def _env_number(environ: Mapping[str, str], var: str, scale: float = 1.0) -> float | None:
     """A positive number of milliseconds (or other unit, ``scale`` to seconds) from ``var``; None when unset or bad."""
-    raw = environ.get(var, "").strip()
+    raw = (env(var, environ) or "").strip()
     if not raw:
         return None
     try:
@@ -171,7 +284,7 @@ def _env_number(environ: Mapping[str, str], var: str, scale: float = 1.0) -> flo
 def _first(environ: Mapping[str, str], *names: str) -> tuple[str, str] | None:
     """(variable, value) of the first of ``names`` set to something non-empty."""
     for name in names:
-        raw = environ.get(name)
+        raw = env(name, environ)
         if raw is not None and raw.strip():
             return name, raw.strip()
     return None
@@ -184,7 +297,7 @@ def _exporters(environ: Mapping[str, str], signal: str) -> tuple[bool, bool]:
     """(otlp, console) from OTEL_{SIGNAL}_EXPORTER: a comma-separated list of otlp, console (logging: its old name),
     none. Values the fast path cannot serve (zipkin, prometheus, ...) warn and are left out; none valid: otlp."""
     var = f"OTEL_{signal.upper()}_EXPORTER"
-    raw = environ.get(var, "").strip()
+    raw = (env(var, environ) or "").strip()
     if not raw:
         return True, False
     names = [n.strip().lower() for n in raw.split(",") if n.strip()]
@@ -207,8 +320,6 @@ def signal_routes(cfg: InstrumentationConfig, environ: Mapping[str, str] | None 
     (``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``) > the generic one (``OTEL_EXPORTER_OTLP_ENDPOINT``) > the default. A
     signal's own HTTP endpoint is used as it is; the generic one gets ``/v1/<signal>`` appended.
     """
-    from otel_gpu.instrumentation._export import SIGNALS, Route, signal_url
-
     environ = os.environ if environ is None else environ
     set_by = getattr(cfg, "set_by", {})
     explicit = {name for name, how in set_by.items() if how == "argument"}
@@ -319,6 +430,7 @@ _UNSUPPORTED = {
     "OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION": "histograms have fixed explicit buckets",
     "OTEL_PROPAGATORS": "no context crosses process boundaries (a step's trace id is derived from job and step)",
 }
+VARIABLES.update({var: ("", "sdk") for var in _UNSUPPORTED})  # read only to warn that they do not apply
 _MATCHING = {"OTEL_TRACES_SAMPLER": ("always_on", "parentbased_always_on")}
 
 
@@ -327,7 +439,7 @@ def unsupported_settings(environ: Mapping[str, str] | None = None) -> list[tuple
     environ = os.environ if environ is None else environ
     out = []
     for var, instead in _UNSUPPORTED.items():
-        raw = environ.get(var, "").strip()
+        raw = (env(var, environ) or "").strip()
         if raw and raw.lower() not in _MATCHING.get(var, ()):
             out.append((var, raw, instead))
     return out
