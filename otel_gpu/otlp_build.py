@@ -110,6 +110,18 @@ class Series:
         return f"Series({self.name}, {{{', '.join(f'{kv.key}' for kv in self.template.attributes)}}})"
 
 
+def _open_scope(resources: Any, scopes: str, resource: Attributes | None, scope: str, scope_version: str) -> Any:
+    """Adds one resource (with ``resource`` attributes) to a request's ``resource_*`` list and one scope to it;
+    returns the scope entry (``ScopeMetrics``, ``ScopeLogs`` or ``ScopeSpans``)."""
+    entry = resources.add()
+    _extend(entry.resource.attributes, resource)
+    out = getattr(entry, scopes).add()
+    out.scope.name = scope
+    if scope_version:
+        out.scope.version = scope_version
+    return out
+
+
 class MetricsBuilder:
     """Collects data points into one ``ExportMetricsServiceRequest`` (one resource, one scope).
 
@@ -125,12 +137,8 @@ class MetricsBuilder:
     def __init__(self, resource: Attributes | None = None, *, scope: str = "otel_gpu", scope_version: str = "",
                  time_ns: int | None = None, start_time_ns: int | None = None):
         self._request = ExportMetricsServiceRequest()
-        rm = self._request.resource_metrics.add()
-        _extend(rm.resource.attributes, resource)
-        self._scope_metrics = rm.scope_metrics.add()
-        self._scope_metrics.scope.name = scope
-        if scope_version:
-            self._scope_metrics.scope.version = scope_version
+        self._scope_metrics = _open_scope(self._request.resource_metrics, "scope_metrics", resource, scope,
+                                          scope_version)
         self._metrics: dict[str, Any] = {}
         self._time_ns = time_ns if time_ns is not None else _now_ns()
         self._start_ns = start_time_ns if start_time_ns is not None else self._time_ns
@@ -224,13 +232,8 @@ class LogsBuilder:
 
     def __init__(self, resource: Attributes | None = None, *, scope: str = "otel_gpu", scope_version: str = ""):
         self._request = ExportLogsServiceRequest()
-        rl = self._request.resource_logs.add()
-        _extend(rl.resource.attributes, resource)
-        sl = rl.scope_logs.add()
-        sl.scope.name = scope
-        if scope_version:
-            sl.scope.version = scope_version
-        self._records = sl.log_records
+        self._records = _open_scope(self._request.resource_logs, "scope_logs", resource, scope,
+                                    scope_version).log_records
 
     def event(self, event: Any, body: Any = None, attrs: Attributes | None = None, extra: Attributes | None = None,
               *, time_ns: int | None = None, observed_time_ns: int | None = None, severity: int = INFO,
@@ -271,13 +274,7 @@ class SpansBuilder:
 
     def __init__(self, resource: Attributes | None = None, *, scope: str = "otel_gpu", scope_version: str = ""):
         self._request = ExportTraceServiceRequest()
-        rs = self._request.resource_spans.add()
-        _extend(rs.resource.attributes, resource)
-        ss = rs.scope_spans.add()
-        ss.scope.name = scope
-        if scope_version:
-            ss.scope.version = scope_version
-        self._spans = ss.spans
+        self._spans = _open_scope(self._request.resource_spans, "scope_spans", resource, scope, scope_version).spans
 
     def span(self, span: Any, start_time_ns: int, end_time_ns: int, attrs: Attributes | None = None,
              extra: Attributes | None = None, *, trace_id: bytes | None = None, span_id: bytes | None = None,
