@@ -345,9 +345,13 @@ def test_otel_gpu_run_torchrun_instruments_workers_not_the_agent_and_names_the_k
     assert exits[1]["signal"] == "SIGKILL" and exits[1]["local_rank"] == 1
     agent = [b for _, _, b in seen.events("otel_gpu.process.exit") if b.get("role") == "agent"]
     assert agent and agent[0]["code"] == 1
-    # the survivor failed in a collective because its peer vanished: a consequence, classified as such
+    # the survivor is a consequence: it failed in a collective because its peer vanished (classified as such), or
+    # the agent stopped it (SIGTERM) before gloo noticed, whichever came first on a loaded machine
     survivor = seen.events("otel_gpu.exception", 0)
-    assert survivor and survivor[0][1]["exception.hint"] == "peer_failure"
+    if survivor:
+        assert survivor[0][1]["exception.hint"] == "peer_failure", survivor
+    else:
+        assert exits[0]["signal"] == "SIGTERM", exits[0]
     assert exits[1]["ended_at"] <= exits[0]["ended_at"]
     # workers were instrumented (job id from the launcher), the agent was not (no rank-less spans)
     jobs = {r["training.job.id"] for r, *_ in seen.spans}
