@@ -19,6 +19,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -531,6 +532,7 @@ def run_scenario(scenario: Scenario, culprit_rank: int = 1, *, workdir: Path | N
                 except ProcessLookupError:
                     pass
                 job.wait(5)
+        _kill_leftover_ranks(pids.values())
         result.exit_code = job.returncode
         if collector is not None:
             collector.shutdown(timeout_s=10)
@@ -540,6 +542,20 @@ def run_scenario(scenario: Scenario, culprit_rank: int = 1, *, workdir: Path | N
     if own_dir and result.ok:
         shutil.rmtree(workdir, ignore_errors=True)
     return result
+
+
+def _kill_leftover_ranks(pids: Iterable[int]) -> None:
+    """SIGKILL the ranks that outlived the job: torchrun puts each worker in its own process group, and a rank
+    blocked in C++ (a gloo collective that never completes, a future never set) cannot run Python's SIGTERM handler,
+    so once the agent is gone nothing else would end it."""
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                if b"otel_gpu.testing.scenarios.train" not in fh.read():
+                    continue  # ended, and the pid is someone else's now
+            os.kill(pid, signal.SIGKILL)
+        except (OSError, ValueError):
+            continue
 
 
 def run_case(case: Case, **kwargs: Any) -> ScenarioResult:
