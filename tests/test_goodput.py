@@ -174,3 +174,30 @@ def test_wasted_progress_is_what_came_after_the_last_save_in_time_whatever_the_o
         summary = job.summary(T0 + 26.0)
         assert summary["badput_s"]["wasted_progress"] == pytest.approx(5.0, abs=0.01), save_first
         assert summary["productive_time_s"] == pytest.approx(20.0, abs=0.01), save_first
+
+
+def test_the_processor_keeps_a_long_first_step_that_is_not_first_in_its_batch_inside_the_wall_time():
+    """A rank's first step span starts when the instrumentation does (start-up included) and a batch is in no
+    particular order: the job's wall time must still begin there (a real 4-rank torchrun job reported ETTR 141%)."""
+    from otel_gpu.collector.telemetry import PrometheusSelfTelemetry
+    from otel_gpu.component import ComponentHost
+    from otel_gpu.config import build
+    from otel_gpu.otlp_build import SpansBuilder
+    from otel_gpu.pdata import Batch, Signal
+    from otel_gpu.processors.goodput import GoodputConfig, GoodputProcessor
+    from otel_gpu.schema import identity as I
+    from otel_gpu.schema import training as T
+
+    proc = GoodputProcessor(build(GoodputConfig, {}, "processors.goodput"),
+                            ComponentHost("goodput", PrometheusSelfTelemetry(), {}))
+    t0 = 1_800_000_000.0
+    for rank in range(4):
+        spans = SpansBuilder({str(I.JOB_ID): "job-early", str(I.RANK): rank})
+        for step in range(1, 20):  # steps 1-19 of 0.25 s, then the 3 s first step, last in the batch
+            start = t0 + step * 0.25
+            spans.span(T.STEP_SPAN.name, int(start * 1e9), int((start + 0.25) * 1e9), {str(T.STEP): step})
+        spans.span(T.STEP_SPAN.name, int((t0 - 2.75) * 1e9), int((t0 + 0.25) * 1e9), {str(T.STEP): 0})
+        proc.process(Batch.from_message(Signal.TRACES, spans.build()))
+    (summary,) = proc.summaries()
+    assert summary["wall_time_s"] == pytest.approx(7.75) and summary["ettr"] <= 1.0, summary
+    assert abs(summary["productive_time_s"] + sum(summary["badput_s"].values()) - summary["wall_time_s"]) < 1e-3
