@@ -126,7 +126,8 @@ class GoodputProcessor(Processor):
                     # Both ends: a span that began before anything else of the job was seen (a rank's first step
                     # span starts when the instrumentation does) is inside the job's wall time, or productive time
                     # exceeds it (a real 4-rank torchrun job showed ETTR 141%: 5.9 s productive of 4.2 s).
-                    ledger.touch(start, restarts)
+                    if start < ledger.first_seen:
+                        ledger.touch(start, restarts)
                     ledger.touch(end, restarts)
                     if span.name == step_name:
                         step = _step(_attr(span, str(T.STEP)))
