@@ -137,13 +137,14 @@ class Series:
         points.append((t, v))
         return True
 
-    def rise(self, start: float, end: float) -> tuple[float, float | None]:
-        """(increase between samples taken in ``[start, end]``, when it began); a drop (reset) starts a new
-        baseline. It began at the first increase of at least half the largest one in the window (a burst on top of
-        a background trickle begins with the burst)."""
+    def rise(self, start: float, end: float, *, before_end: bool = False) -> tuple[float, float | None]:
+        """(increase between samples taken in ``[start, end]``, or ``[start, end)`` with ``before_end``, when it
+        began); a drop (reset) starts a new baseline. It began at the first increase of at least half the largest
+        one in the window (a burst on top of a background trickle begins with the burst). ``before_end`` is how to
+        say "strictly before": at unix times near 1.8e9 ``end - 1e-9 == end``."""
         total, prev, steps = 0.0, None, []
         for t, v in self.points:
-            if prev is not None and start <= t <= end:
+            if prev is not None and start <= t and (t < end if before_end else t <= end):
                 step = v - prev if v >= prev else v
                 if step > 0:
                     total += step
@@ -153,18 +154,6 @@ class Series:
             return 0.0, None
         biggest = max(step for _, step in steps)
         return total, next(t for t, step in steps if step >= biggest / 2)
-
-    def rise_before(self, end: float) -> float:
-        """Increase between samples taken strictly before ``end`` (unix seconds are too large for ``end - 1e-9``
-        to be earlier: at 1.8e9 a double's step is 2.4e-7, and the burst itself counted as its own background)."""
-        total, prev = 0.0, None
-        for t, v in self.points:
-            if t >= end:
-                break
-            if prev is not None:
-                total += max(0.0, v - prev if v >= prev else v)
-            prev = v
-        return total
 
     def background_per_s(self, before: float) -> float | None:
         """The counter's own rate before ``before``; None with less than ``_MIN_HISTORY_S`` of history."""
@@ -196,7 +185,7 @@ class Series:
         if background is None and self.first_time is not None and first - self.first_time >= _MIN_BURST_HISTORY_S:
             # At least one event: a short quiet history does not prove a zero rate (the first ticks of a
             # trickle on a young collector are not a fault; a burst of 250 still is).
-            before = max(self.rise_before(first), 1.0)
+            before = max(self.rise(self.first_time, first, before_end=True)[0], 1.0)
             background = before / (first - self.first_time)
         if background is not None:
             if total <= _BACKGROUND_FACTOR * background * (window_end - window_start):
