@@ -3,7 +3,8 @@
 SQLite (WAL) in ``<path>/otel-gpu.db``, written by the exporter's own thread from a bounded queue. It keeps:
 
 - failure records (log records with event name ``otel_gpu.failure``; the body is the record as JSON);
-- goodput summaries (event ``otel_gpu.goodput``): the latest per job and a bounded history;
+- goodput summaries (event ``otel_gpu.goodput``): the latest per job (with its ``timeline``, what
+  ``otel-gpu report --plot`` draws) and a bounded history (without it: the timeline is cumulative);
 - jobs seen in resource attributes (``training.job.id``, ``host.name``, ``training.rank``,
   ``training.world_size``): first and last seen, distinct ranks and hosts.
 

@@ -464,8 +464,11 @@ class StoreExporter(Exporter):
         conn.execute("INSERT INTO goodput (job_id, updated_time, summary) VALUES (?, ?, ?) ON CONFLICT(job_id) "
                      "DO UPDATE SET updated_time = excluded.updated_time, summary = excluded.summary",
                      (job, received, text))
+        # The timeline is cumulative: the latest summary's is the whole picture, and a copy in each of the ~17,000
+        # rows a day of a job leaves in the history would be ~10 KB each.
+        history = {k: v for k, v in body.items() if k != "timeline"}
         conn.execute("INSERT INTO goodput_history (job_id, received_time, summary) VALUES (?, ?, ?)",
-                     (job, received, text))
+                     (job, received, json.dumps(history, sort_keys=True) if "timeline" in body else text))
 
     def _write_jobs(self, conn: sqlite3.Connection, jobs: dict[str, _JobSeen]) -> None:
         for job, seen in jobs.items():
