@@ -32,22 +32,26 @@ _AT_TIME = re.compile(r"^(.*\S)\s+@(\d+(?:\.\d+)?)$")
 _SUMMARY_KEYS = ("summary", "message", "description", "explanation", "title")
 
 
-_HISTORY_ROWS = 20_000  # goodput summaries read per job for its timeline (every ~5 s: a day of a job)
-
-
 def job_timelines(store: str, job_ids: list[str]) -> list[Any]:
-    """:class:`otel_gpu.plot.JobTimeline` of each job, from its goodput history and failure records."""
+    """:class:`otel_gpu.plot.JobTimeline` of each job, from its latest goodput summary (whose ``timeline`` is the
+    ledger's record of where each second went) and its failure records."""
     from otel_gpu.plot import job_timeline
 
     conn = db.open_reader(store)
     try:
         conn.execute("BEGIN")
-        out = [job_timeline(job, db.goodput_history(conn, job, _HISTORY_ROWS), db.failures(conn, job, None))
-               for job in job_ids]
+        out = [job_timeline(job, db.goodput(conn, job), db.failures(conn, job, None)) for job in job_ids]
         conn.execute("COMMIT")
     finally:
         conn.close()
     return out
+
+
+def _without_timeline(summary: Any) -> Any:
+    """A goodput summary for the report: its bins are for the picture (``--plot``), not for reading."""
+    if isinstance(summary, dict) and "timeline" in summary:
+        return {k: v for k, v in summary.items() if k != "timeline"}
+    return summary
 
 
 def build_report(store: str, job_id: str | None = None, limit: int | None = 50) -> dict[str, Any]:
@@ -80,9 +84,9 @@ def build_report(store: str, job_id: str | None = None, limit: int | None = 50) 
     from otel_gpu.plot import one_line
 
     lines = {tl.job_id: one_line(tl) for tl in job_timelines(store, [j["job_id"] for j in jobs])}
-    return {"failures": failures, "goodput": goodput, "devices": devices, "restarts": restarts,
-            "jobs": [{**{k: j[k] for k in ("job_id", "first_seen", "last_seen", "ranks", "hosts", "world_size",
-                                           "goodput")}, "timeline": lines.get(j["job_id"])} for j in jobs]}
+    return {"failures": failures, "goodput": _without_timeline(goodput), "devices": devices, "restarts": restarts,
+            "jobs": [{**{k: j[k] for k in ("job_id", "first_seen", "last_seen", "ranks", "hosts", "world_size")},
+                      "goodput": _without_timeline(j["goodput"]), "timeline": lines.get(j["job_id"])} for j in jobs]}
 
 
 # -- text ----------------------------------------------------------------------------------------------------------
@@ -381,7 +385,7 @@ def main(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None
         jobs = [j["job_id"] for j in report["jobs"]][:_PLOT_JOBS]
         try:
             plotting.write(plot, job_timelines(store, jobs))
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, plotting.PlotUnavailable) as exc:
             print(f"otel-gpu report: cannot write the plot: {exc}", file=err)
             return 1
         print(f"goodput timeline of {len(jobs)} job{'s' if len(jobs) != 1 else ''} written to {plot}", file=err)

@@ -1,158 +1,321 @@
 """``otel-gpu report --plot``: the goodput timeline of each job as SVG and PNG, and the text report's one-line
-timeline, from a store filled through the real store exporter with a job that starts, trains, hangs, restarts."""
+timeline, checked against the ledger's own buckets. The jobs are real: step and checkpoint spans and failure events
+of 4 ranks go through the goodput processor, whose summaries (and the failure records) go through the real store
+exporter, and ``otel-gpu report`` reads the store."""
 from __future__ import annotations
 
+import contextlib
 import io
 import json
-import random
 import struct
+import time
 import xml.etree.ElementTree as ET
 import zlib
 
 import pytest
 
 from otel_gpu.cli import main as cli_main
-from otel_gpu.plot import KINDS, job_timeline, one_line, render_svg
-
-from test_report import fill
+from otel_gpu.collector.telemetry import PrometheusSelfTelemetry
+from otel_gpu.component import ComponentHost
+from otel_gpu.config import build
+from otel_gpu.exporters.store import StoreExporter, StoreExporterConfig, db
+from otel_gpu.otlp_build import LogsBuilder, SpansBuilder
+from otel_gpu.pdata import Batch, Signal
+from otel_gpu.plot import KINDS, JobTimeline, job_timeline, one_line, png_size, render_svg
+from otel_gpu.processors.goodput import GoodputConfig, GoodputProcessor
+from otel_gpu.schema import failure as F
+from otel_gpu.schema import identity as I
+from otel_gpu.schema import training as T
 
 SVG = "{http://www.w3.org/2000/svg}"
-T0 = 1_700_000_000.0
+BADPUT = [k for k in KINDS if k != "productive"]
 
 
-def _history(rng: random.Random) -> tuple[list[dict], dict]:
-    """Cumulative summaries every 5 s as the goodput processor reports them: start-up, training with data stalls and a
-    checkpoint, a hang (detected), a restart with its gap and restore, training again."""
-    phases = [("startup", 10), ("productive", 40), ("data_loading", 5), ("productive", 30), ("checkpoint_save", 5),
-              ("productive", 20), ("hang", 30), ("restart_gap", 15), ("checkpoint_restore", 5), ("productive", 40)]
-    acc = {k: 0.0 for k in KINDS}
-    t, restarts, failures, out = 0.0, 0, 0, []
-    hang_at = None
-    for kind, length in phases:
-        for _ in range(int(length / 5)):
-            t += 5
-            acc[kind] += 5 * rng.uniform(0.9, 1.0)
-            acc["other"] = t - sum(v for k, v in acc.items() if k != "other")
-            if kind == "hang" and hang_at is None:
-                hang_at, failures = T0 + t - 2.5, failures + 1
-            if kind == "restart_gap" and restarts == 0:
-                restarts = 1
-            wall = t
-            out.append({"job_id": "job-p", "ettr": round(acc["productive"] / wall, 4), "wall_time_s": wall,
-                        "productive_time_s": round(acc["productive"], 3), "first_seen": T0, "last_seen": T0 + t,
-                        "badput_s": {k: round(v, 3) for k, v in acc.items() if k != "productive"},
-                        "failures": failures, "restarts": restarts})
-    failure = {"kind": "hang", "root_cause": "rank_not_in_collective", "category": "software", "action": "user_fix",
-               "job_id": "job-p", "onset_time": hang_at - 8, "detected_time": hang_at, "confidence": 0.9,
-               "culprit": {"rank": 0, "host": "n", "gpu": None}, "signature": "s", "recurrence": 0,
-               "failure_id": "f1", "version": 1}
-    return out, failure
+class _Job:
+    """A job of ``ranks`` ranks as the instrumentation reports it, through the goodput processor into a store."""
+
+    def __init__(self, folder, job_id: str, ranks: int = 4):
+        self.job_id, self.ranks = job_id, ranks
+        self.store = StoreExporter(build(StoreExporterConfig, {"path": str(folder)}, "exporters.store"),
+                                   ComponentHost("store", PrometheusSelfTelemetry()))
+        self.store.start()
+        sink = type("Sink", (), {"consume": lambda _, batch: self.store.export(batch)})()
+        self.goodput = GoodputProcessor(build(GoodputConfig, {}, "processors.goodput"),
+                                        ComponentHost("goodput", PrometheusSelfTelemetry(), {Signal.LOGS: sink}))
+
+    def _resource(self, rank: int, restart: int) -> dict:
+        return {str(I.JOB_ID): self.job_id, str(I.RANK): rank, str(I.RESTART_COUNT): restart, "host.name": "node-a"}
+
+    def _send(self, signal: Signal, message) -> None:
+        out = self.goodput.process(Batch.from_message(signal, message))  # then on down the pipeline, to the store
+        if out is not None:
+            self.store.export(out)
+
+    def started(self, t: float, restart: int = 0) -> None:
+        for rank in range(self.ranks):
+            logs = LogsBuilder(self._resource(rank, restart))
+            logs.event("training.process.start", {"rank": rank}, time_ns=int(t * 1e9))
+            self._send(Signal.LOGS, logs.build())
+
+    def steps(self, first: int, count: int, t: float, step_s: float, data_s: float, restart: int = 0,
+              save_after: int | None = None, save_s: float = 0.0, restore_s: float = 0.0) -> float:
+        """``count`` steps from ``first`` at ``t`` (a restore of ``restore_s`` before them, a save of ``save_s`` after
+        step ``save_after``), every rank reporting each; returns when the last ended."""
+        for rank in range(self.ranks):
+            spans, at = SpansBuilder(self._resource(rank, restart)), t
+            if restore_s:
+                spans.span(T.CKPT_LOAD_SPAN.name, int(at * 1e9), int((at + restore_s) * 1e9))
+                at += restore_s
+            for step in range(first, first + count):
+                jitter = 0.003 * rank
+                spans.span(T.STEP_SPAN.name, int((at + jitter) * 1e9), int((at + step_s + jitter) * 1e9),
+                           {str(T.STEP): step, str(T.STEP_DATA_S): data_s})
+                at += step_s
+                if step == save_after:
+                    spans.span(T.CKPT_SAVE_SPAN.name, int(at * 1e9), int((at + save_s) * 1e9))
+                    at += save_s
+            self._send(Signal.TRACES, spans.build())
+        return at
+
+    def failure(self, kind: str, root_cause: str, onset: float, detected: float, rank: int,
+                restart: int = 0) -> dict:
+        record = {"kind": kind, "root_cause": root_cause, "category": "software", "action": "user_fix",
+                  "job_id": self.job_id, "onset_time": onset, "detected_time": detected, "confidence": 0.9,
+                  "culprit": {"rank": rank, "host": "node-a", "gpu": None}, "failure_id": f"{self.job_id}/{rank}",
+                  "version": 1, "evidence": [], "signature": f"{kind}/{root_cause}", "recurrence": 0}
+        logs = LogsBuilder({str(I.JOB_ID): self.job_id, str(I.RESTART_COUNT): restart, "service.name": "otel-gpu"})
+        logs.event(F.FAILURE_EVENT, record, time_ns=int(detected * 1e9))
+        self._send(Signal.LOGS, logs.build())
+        return record
+
+    def close(self) -> dict:
+        """The processor's last summary, as the store keeps it (what ``otel-gpu report`` shows)."""
+        self.goodput.shutdown()  # its last report
+        assert self.store.force_flush(5)
+        self.store.shutdown()
+        return _read(self.store.config.path, lambda conn: db.goodput(conn, self.job_id))
 
 
-@pytest.fixture
-def store(tmp_path):
-    history, failure = _history(random.Random(7))
-    folder = tmp_path / "store"
-    fill(folder, [("otel_gpu.goodput", h) for h in history] + [("otel_gpu.failure", failure)],
-         {"training.job.id": "job-p", "training.rank": 0, "host.name": "n"})
-    return folder, history, failure
+def _read(folder, query):
+    conn = db.open_reader(folder)
+    try:
+        return query(conn)
+    finally:
+        conn.close()
+
+
+def _hang_job(folder) -> dict:
+    """The demo's default: 4 ranks start (1.2 s), train 30 steps of 0.1 s with a save after step 19; rank 2 then
+    never enters the next collective; the hang is detected 7.8 s after its onset and the job is killed 2.5 s later."""
+    t0 = time.time() - 120  # a job that ended a while ago: its last summary is final
+    job = _Job(folder, "demo-hang")
+    job.started(t0)
+    onset = job.steps(0, 30, t0 + 1.2, 0.1, 0.02, save_after=19, save_s=0.3)
+    job.failure("hang", "rank_not_in_collective", onset, onset + 7.8, rank=2)
+    job.started(onset + 10.3)  # the supervisor's last sighting of the ranks before it kills them
+    return job.close()
+
+
+def _restart_job(folder) -> dict:
+    """Three incarnations: rank 1 dies at step 15 (a save after step 9), the job restarts from the checkpoint; rank
+    3 dies at step 27; the third incarnation finishes."""
+    t0 = time.time() - 200
+    job = _Job(folder, "demo-restart")
+    job.started(t0)
+    end = job.steps(0, 16, t0 + 2.0, 0.2, 0.03, save_after=9, save_s=0.5)
+    job.failure("crash", "rank_process_died", end - 0.05, end + 0.4, rank=1)
+    job.started(end + 3.0, restart=1)
+    end = job.steps(10, 18, end + 4.0, 0.2, 0.03, restart=1, save_after=19, save_s=0.5, restore_s=0.8)
+    job.failure("crash", "rank_process_died", end - 0.05, end + 0.4, rank=3, restart=1)
+    job.started(end + 2.5, restart=2)
+    end = job.steps(20, 20, end + 3.5, 0.2, 0.03, restart=2, restore_s=0.8)
+    job.started(end, restart=2)
+    return job.close()
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("plot")
+    hang, restart = folder / "hang", folder / "restart"
+    return {"hang": (hang, _hang_job(hang)), "restart": (restart, _restart_job(restart))}
 
 
 def _report(*args) -> tuple[int, str, str]:
-    import contextlib
-
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = cli_main(["report", *args])
     return code, out.getvalue(), err.getvalue()
 
 
-def test_svg_has_one_lane_per_job_with_ettr_segments_and_markers(store, tmp_path):
-    folder, history, failure = store
+def _svg_widths(path) -> tuple[dict[str, float], float, list]:
+    """Seconds drawn per kind (segment widths over the job's scale), the scale, and the job's lane groups."""
+    root = ET.parse(path).getroot()
+    assert root.tag == f"{SVG}svg"
+    (job,) = [g for g in root.iter(f"{SVG}g") if g.get("class") == "job"]
+    scale = float(job.get("data-px-per-s"))
+    drawn: dict[str, float] = {}
+    for rect in job.iter(f"{SVG}rect"):
+        cls = (rect.get("class") or "").split()
+        if cls and cls[0] == "segment":
+            drawn[cls[1]] = drawn.get(cls[1], 0.0) + float(rect.get("width")) / scale
+    return drawn, scale, [g for g in job.iter(f"{SVG}g") if g.get("class") == "lane"]
+
+
+@pytest.mark.parametrize("scenario", ["hang", "restart"])
+def test_each_colour_in_the_svg_and_the_text_timeline_is_its_bucket_of_the_ledger(stores, scenario, tmp_path):
+    folder, summary = stores[scenario]
     path = tmp_path / "goodput.svg"
     code, _, err = _report("--store", str(folder), "--plot", str(path))
     assert code == 0 and "written to" in err
+    drawn, scale, lanes = _svg_widths(path)
+    pixel_s = 1.0 / scale
+    for kind in KINDS:
+        expected = summary["productive_time_s"] if kind == "productive" else summary["badput_s"][kind]
+        assert drawn.get(kind, 0.0) == pytest.approx(expected, abs=pixel_s), (kind, drawn, summary["badput_s"])
+    assert sum(drawn.values()) == pytest.approx(summary["wall_time_s"], abs=pixel_s)
+    assert len(lanes) == len(summary["incarnations"])  # one lane per incarnation
+    for lane, inc in zip(lanes, summary["incarnations"]):
+        assert int(lane.get("data-restart-count")) == inc["restart_count"]
+        widths: dict[str, float] = {}
+        for rect in lane.iter(f"{SVG}rect"):
+            kind = rect.get("class").split()[1]
+            widths[kind] = widths.get(kind, 0.0) + float(rect.get("width")) / scale
+        for kind in BADPUT:
+            assert widths.get(kind, 0.0) == pytest.approx(inc["badput_s"][kind], abs=pixel_s), (kind, inc)
+
+    code, out, _ = _report("--store", str(folder), "--format", "json")
+    line = json.loads(out)["jobs"][0]["timeline"]
+    cells = line[1:-1].replace("!", "").replace("|", "")
+    assert len(cells) == 60
+    cell_s = summary["wall_time_s"] / 60
+    for kind, (_, char, _) in KINDS.items():
+        expected = summary["productive_time_s"] if kind == "productive" else summary["badput_s"][kind]
+        assert abs(cells.count(char) - expected / cell_s) <= 1.0, (kind, line, expected)
+
+
+def test_the_demos_hang_is_drawn_from_its_onset_and_no_other_where_the_ledger_has_none(stores, tmp_path):
+    folder, summary = stores["hang"]
+    b = summary["badput_s"]
+    assert b["other"] < 0.05 and b["hang"] > 10.0  # what `otel-gpu report` says: the hang, and nothing unexplained
+    (failure,) = _read(folder, lambda conn: db.failures(conn, "demo-hang", None))
+    tl = job_timeline("demo-hang", summary, [failure])
+    (hang,) = [s for s in tl.segments if s.kind == "hang"]
+    assert hang.t0 == pytest.approx(failure["onset_time"], abs=0.05)  # at its onset, not at its detection
+    assert hang.t1 == pytest.approx(tl.end, abs=0.05)
+    assert tl.drawn_s("other") < 0.05
+    (marker,) = [m for m in tl.markers if m.kind == "failure"]
+    assert marker.t == pytest.approx(failure["detected_time"]) and marker.label == "rank_not_in_collective"
+    line = one_line(tl, 60)
+    assert line[1] == "s" and "." not in line
+    assert line.index("s") < line.index("#") < line.index("c") < line.index("H") < line.index("!")
+    path = tmp_path / "hang.svg"
+    assert _report("--store", str(folder), "--plot", str(path))[0] == 0
     root = ET.parse(path).getroot()
-    assert root.tag == f"{SVG}svg"
-    (lane,) = [g for g in root.iter(f"{SVG}g") if g.get("class") == "job"]
-    assert lane.get("data-job") == "job-p"
-    title = next(t.text for t in lane.iter(f"{SVG}text") if t.get("class") == "title")
-    assert f"ETTR {history[-1]['ettr'] * 100:.1f}%" in title and "1 failure" in title and "1 restart" in title
-    rects = [r for r in lane.iter(f"{SVG}rect") if (r.get("class") or "").startswith("segment")]
-    kinds = [r.get("class").split()[1] for r in rects]
-    # in time order: start-up, training, the hang, the restart's gap and restore, training again
-    order = [k for i, k in enumerate(kinds) if i == 0 or kinds[i - 1] != k]
-    for expected in (["startup", "productive", "hang", "restart_gap", "checkpoint_restore", "productive"],
-                     ["data_loading"], ["checkpoint_save"]):
-        it = iter(order)
-        assert all(k in it for k in expected), order
-    xs = sorted((float(r.get("x")), float(r.get("width"))) for r in rects)
-    assert xs[0][0] == pytest.approx(20, abs=0.5) and xs[-1][0] + xs[-1][1] == pytest.approx(940, abs=1)
-    widths = {k: sum(float(r.get("width")) for r in rects if r.get("class").split()[1] == k) for k in set(kinds)}
-    assert widths["productive"] > widths["hang"] > widths["checkpoint_save"]
-    markers = {g.get("class"): g for g in lane.iter(f"{SVG}g") if (g.get("class") or "").startswith("marker")}
-    assert set(markers) == {"marker failure", "marker restart"}
-    fail_x = float(markers["marker failure"].find(f"{SVG}line").get("x1"))
-    hang_rects = [r for r in rects if "hang" in r.get("class")]
-    assert float(hang_rects[0].get("x")) - 25 <= fail_x <= float(hang_rects[-1].get("x")) + 25
-    assert "rank_not_in_collective" in "".join(markers["marker failure"].itertext())
+    texts = [t.text for t in root.iter(f"{SVG}text")]
+    title = next(t.text for t in root.iter(f"{SVG}text") if t.get("class") == "title")
+    assert title.startswith("job demo-hang: ETTR ") and f"{summary['ettr'] * 100:.1f}%" in title
+    assert "seconds since the job started" in texts and "incarnation 0" in texts
+    legend = [t.text for t in root.iter(f"{SVG}text") if t.get("class") == "legend-label"]
+    assert legend == ["productive", "startup", "data loading", "checkpoint save", "hang", "wasted progress",
+                      "failure detected"]
 
 
-def _png_pixels(data: bytes) -> tuple[int, int, list[bytes]]:
+def test_restarts_are_lanes_of_their_incarnations_with_the_gap_at_the_start_of_the_next(stores):
+    folder, summary = stores["restart"]
+    assert [i["restart_count"] for i in summary["incarnations"]] == [0, 1, 2]
+    failures = _read(folder, lambda conn: db.failures(conn, "demo-restart", None))
+    tl = job_timeline("demo-restart", summary, failures)
+    assert [lane.restart_count for lane in tl.lanes] == [0, 1, 2]
+    for lane in tl.lanes[1:]:
+        kinds = [s.kind for s in lane.segments]
+        assert kinds[:3] == ["restart_gap", "startup", "checkpoint_restore"], kinds
+        assert lane.segments[0].t0 == pytest.approx(lane.start)
+    assert [m.kind for m in tl.markers] == ["failure", "restart", "failure", "restart"]
+    assert summary["badput_s"]["wasted_progress"] > 0  # steps since the save, lost at each crash
+    line = one_line(tl, 80)
+    assert line.count("|") == 2 and line.count("!") == 2 and "g" in line and "r" in line
+
+
+def _png_header(data: bytes) -> tuple[int, int]:
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
-    pos, idat, width = 8, b"", 0
+    pos = 8
+    chunks = []
     while pos < len(data):
         (length,), kind = struct.unpack(">I", data[pos:pos + 4]), data[pos + 4:pos + 8]
         body = data[pos + 8:pos + 8 + length]
         assert zlib.crc32(kind + body) & 0xFFFFFFFF == struct.unpack(">I", data[pos + 8 + length:pos + 12 + length])[0]
-        if kind == b"IHDR":
-            width, height, depth, colour = struct.unpack(">IIBB", body[:10])
-            assert (depth, colour) == (8, 2)
-        elif kind == b"IDAT":
-            idat += body
+        chunks.append((kind, body))
         pos += 12 + length
-    raw = zlib.decompress(idat)
-    stride = 1 + 3 * width
-    rows = [raw[i * stride + 1:(i + 1) * stride] for i in range(height)]
-    assert all(raw[i * stride] == 0 for i in range(height))
-    return width, height, rows
+    assert chunks[0][0] == b"IHDR" and chunks[-1][0] == b"IEND"
+    return struct.unpack(">II", chunks[0][1][:8])
 
 
-def test_png_has_the_size_the_layout_says_and_the_colours_of_the_buckets(store, tmp_path):
-    folder, _, _ = store
+def test_png_is_drawn_by_matplotlib_with_a_legend_lanes_and_the_ledgers_widths(stores, tmp_path):
+    pytest.importorskip("matplotlib", reason="the test extra installs it (the plot extra)")
+    from otel_gpu.plot import render_figure
+
+    folder, summary = stores["restart"]
     path = tmp_path / "goodput.png"
-    code, _, _ = _report("--store", str(folder), "--plot", str(path), "--job", "job-p")
-    assert code == 0
-    width, height, rows = _png_pixels(path.read_bytes())
-    assert (width, height) == (960, 16 + 96 + 3 * 22 + 10)  # one lane, three legend rows
-    pixels = [bytes(row[i:i + 3]) for row in rows for i in range(0, len(row), 3)]
-    non_white = sum(1 for p in pixels if p != b"\xff\xff\xff")
-    assert 0.05 < non_white / len(pixels) < 0.6
-    bar = {bytes(rows[16 + 30 + 15][i:i + 3]) for i in range(0, 3 * width, 3)}
-    for kind in ("productive", "hang", "restart_gap", "startup"):
-        colour = bytes(int(KINDS[kind][0][j:j + 2], 16) for j in (1, 3, 5))
-        assert colour in bar, kind
-    title_row_pixels = sum(1 for y in range(18, 28) for i in range(0, 3 * width, 3) if rows[y][i:i + 3] != b"\xff" * 3)
-    assert title_row_pixels > 200  # the title is drawn
+    code, _, err = _report("--store", str(folder), "--plot", str(path), "--job", "demo-restart")
+    assert code == 0, err
+    tl = _read(folder, lambda conn: job_timeline("demo-restart", db.goodput(conn, "demo-restart"),
+                                                 db.failures(conn, "demo-restart", None)))
+    assert _png_header(path.read_bytes()) == png_size([tl])
+    fig = render_figure([tl])
+    (legend,) = fig.legends
+    labels = [t.get_text() for t in legend.get_texts()]
+    seconds = {"productive": summary["productive_time_s"], **summary["badput_s"]}
+    assert labels == [label for k, (_, _, label) in KINDS.items() if seconds[k] > 0] + ["failure detected", "restart"]
+    assert "restart gap" in labels and "checkpoint restore" in labels and "wasted progress" in labels
+    (ax,) = fig.axes
+    assert ax.get_title(loc="left").startswith("job demo-restart: ETTR ")
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["incarnation 2", "incarnation 1", "incarnation 0"]
+    assert ax.get_xlabel() == "seconds since the job started"
+    drawn: dict[str, float] = {}
+    for coll in ax.collections:
+        kind = coll.get_gid().split()[1]
+        for x, w in (p.get_extents().bounds[0::2] for p in coll.get_paths()):
+            drawn[kind] = drawn.get(kind, 0.0) + w
+    for kind in BADPUT:
+        assert drawn.get(kind, 0.0) == pytest.approx(summary["badput_s"][kind], abs=summary["wall_time_s"] / 1000)
 
 
-def test_text_report_has_a_one_line_timeline_per_job(store):
-    folder, history, _ = store
-    code, out, _ = _report("--store", str(folder))
-    assert code == 0
-    line = next(t.strip() for t in out.splitlines() if t.strip().startswith("[") and t.strip().endswith("]"))
-    assert line[1] == "s" and "#" in line and "H" in line and "!" in line and "|" in line
-    assert line.index("s") < line.index("#") < line.index("!") < line.index("|")
-    assert "timeline: # productive" in out
-    code, out, _ = _report("--store", str(folder), "--format", "json")
-    job = json.loads(out)["jobs"][0]
-    assert job["timeline"] == line
+def test_png_without_matplotlib_says_which_extra_to_install(stores, tmp_path, monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_matplotlib(name, *args, **kwargs):
+        if name.split(".")[0] == "matplotlib":
+            raise ImportError("No module named 'matplotlib'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    folder, _ = stores["hang"]
+    path = tmp_path / "goodput.png"
+    code, _, err = _report("--store", str(folder), "--plot", str(path))
+    assert code == 1 and "pip install 'otel-gpu[plot]'" in err and not path.exists()
+    assert _report("--store", str(folder), "--plot", str(tmp_path / "still.svg"))[0] == 0  # SVG needs nothing
 
 
-def test_plot_needs_svg_or_png_and_an_empty_store_plots_an_empty_lane(tmp_path, store):
-    folder, _, _ = store
+def test_plot_needs_svg_or_png_and_an_empty_store_plots_an_empty_lane(tmp_path, stores):
+    folder, _ = stores["hang"]
     code, _, err = _report("--store", str(folder), "--plot", str(tmp_path / "x.pdf"))
     assert code == 1 and "write a .svg or .png file" in err
-    empty = job_timeline("none", [])
+    empty = job_timeline("none", None)
     assert one_line(empty, 10) == "[          ]"
     assert "no goodput history" in render_svg([empty])
+    old = job_timeline("old", {"job_id": "old", "ettr": 0.5, "badput_s": {"hang": 1}})
+    assert "older otel-gpu" in render_svg([old])
+
+
+def test_text_from_telemetry_is_escaped_in_the_svg_and_plain_in_matplotlib(stores):
+    folder, summary = stores["hang"]
+    hostile = 'job <&>"\x01 $x^$'
+    tl = job_timeline(hostile, summary, [{"detected_time": summary["last_seen"], "root_cause": "<script>$\\"}])
+    root = ET.fromstring(render_svg([tl]))  # valid XML
+    assert any(hostile.replace("\x01", "\ufffd") in (t.text or "") for t in root.iter(f"{SVG}text"))
+    if pytest.importorskip("matplotlib", reason="the plot extra"):
+        from otel_gpu.plot import render_png
+
+        assert render_png([tl, JobTimeline("empty", 0, 0, None, 0, 0)])[:8] == b"\x89PNG\r\n\x1a\n"
