@@ -17,13 +17,13 @@ from otel_gpu.exporters.store import StoreExporter, StoreExporterConfig, db
 from otel_gpu.otlp_build import iter_points
 from otel_gpu.pdata import Batch, Signal
 from otel_gpu.processors.attribution import AttributionConfig, AttributionProcessor
-from otel_gpu.processors.attribution._record import Culprit, FailureRecord
+from otel_gpu.failure import Culprit, FailureRecord
 from otel_gpu.processors.health import HealthConfig, HealthProcessor
 from otel_gpu.receivers.nic import NicReceiver
 from otel_gpu.receivers.nic.config import NicReceiverConfig
 from otel_gpu.receivers.nvml import NvmlReceiver
 from otel_gpu.receivers.nvml.config import NvmlReceiverConfig
-from otel_gpu.report import build_report, format_text
+from otel_gpu.commands.report import build_report, format_text
 from otel_gpu.schema import failure as F
 from otel_gpu.schema import health as H
 from otel_gpu.testing.fake_nvml import FakeClock, FakeNvml

@@ -11,8 +11,8 @@ import zlib
 
 import pytest
 
-from otel_gpu.cli import main as cli_main
-from otel_gpu.plot import KINDS, job_timeline, one_line, render_svg
+from otel_gpu.commands.cli import main as cli_main
+from otel_gpu.commands.plot import KINDS, job_timeline, one_line, render_svg
 
 from test_report import fill
 

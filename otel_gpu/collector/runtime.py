@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Any
 
-from otel_gpu.collector._serve import HttpEndpoint
+from otel_gpu.collector.httpserver import HttpEndpoint
 from otel_gpu.collector.config import CollectorConfig, ComponentSpec
 from otel_gpu.collector.telemetry import PrometheusSelfTelemetry
 from otel_gpu.component import Component, ComponentHost, Consumer, Exporter, ExportResult, LogOnce, Processor

@@ -60,7 +60,7 @@ class Decision:
 
 
 class Supervisor:
-    """Runs ``cmd`` (under :class:`otel_gpu.launcher.Launch`) until it succeeds, or the policy says stop."""
+    """Runs ``cmd`` (under :class:`otel_gpu.instrumentation.launcher.Launch`) until it succeeds, or the policy says stop."""
 
     def __init__(self, cmd: list[str], mode: str, policy: Policy, endpoint: str | None, job_id: str,
                  verdict_url: str, out: TextIO | None = None, verdict_token: str | None = None,
@@ -255,7 +255,7 @@ class Supervisor:
 
     # -- the loop --------------------------------------------------------------------------------------------------
     def run(self) -> int:
-        from otel_gpu.launcher import Launch, forward_signals, restore_signals
+        from otel_gpu.instrumentation.launcher import Launch, forward_signals, restore_signals
 
         become_subreaper()
         if not self.client.healthy():
@@ -480,7 +480,7 @@ def _first_cause(records: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _diagnosis(record: dict[str, Any]) -> str:
-    from otel_gpu.report import format_failure
+    from otel_gpu.commands.report import format_failure
 
     return format_failure(record)
 

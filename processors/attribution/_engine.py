@@ -28,7 +28,7 @@ from otel_gpu.processors.attribution import _crash, _hang, _slowdown
 from otel_gpu.processors.attribution._evidence import REVISE_FOR_S, DeviceEvidence, strongest
 from otel_gpu.processors.attribution._observations import (ExceptionSeen, ExitSeen, GpuSample, Heartbeat, Identity,
                                                            NicSample, SpanSeen, Stacks, StepSeen, XidSeen)
-from otel_gpu.processors.attribution._record import Culprit, FailureRecord
+from otel_gpu.failure import Culprit, FailureRecord
 from otel_gpu.processors.attribution._state import JobState, OpenVerdict, RankState, merge_identity
 from otel_gpu.processors.attribution._types import Fault, Finding
 from otel_gpu.schema.failure import Kind, RootCause

@@ -25,7 +25,7 @@ from otel_gpu.pdata import Batch, Signal, attributes_dict, body_object, number_p
 from otel_gpu.processors.attribution._engine import Engine, EngineSettings
 from otel_gpu.processors.attribution._observations import (ExceptionSeen, ExitSeen, GpuSample, Heartbeat, Identity,
                                                            Inflight, NicSample, SpanSeen, Stacks, StepSeen, XidSeen)
-from otel_gpu.processors.attribution._record import FailureRecord
+from otel_gpu.failure import FailureRecord
 from otel_gpu.schema import failure as F
 from otel_gpu.schema import gpu as G
 from otel_gpu.schema import identity as I

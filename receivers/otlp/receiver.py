@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from otel_gpu.security import BearerChecker, grpc_server_credentials, server_ssl_context
+from otel_gpu.collector.security import BearerChecker, grpc_server_credentials, server_ssl_context
 from otel_gpu.component import Receiver
 from otel_gpu.pdata import Batch, MalformedBatch, Signal
 from otel_gpu.receivers.otlp._grpc import GrpcServer, PipelineRefused

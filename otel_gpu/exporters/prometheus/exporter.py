@@ -9,8 +9,8 @@ from wsgiref.simple_server import WSGIRequestHandler
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
-from otel_gpu import httpserver
-from otel_gpu.security import BasicAuthChecker, server_ssl_context
+from otel_gpu.collector import httpserver
+from otel_gpu.collector.security import BasicAuthChecker, server_ssl_context
 from otel_gpu.component import ComponentHost, Exporter, ExportResult
 from otel_gpu.exporters.prometheus._convert import MetricState
 from otel_gpu.exporters.prometheus.config import PrometheusExporterConfig, parse_endpoint

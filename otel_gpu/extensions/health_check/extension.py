@@ -6,7 +6,7 @@ import json
 import logging
 import time
 
-from otel_gpu.collector._serve import HttpEndpoint, Response
+from otel_gpu.collector.httpserver import HttpEndpoint, Response
 from otel_gpu.component import Extension
 from otel_gpu.config import format_duration
 from otel_gpu.extensions.health_check.config import HealthCheckConfig

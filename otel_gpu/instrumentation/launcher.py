@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 
-from otel_gpu import jobid
+from otel_gpu.instrumentation import jobid
 
 _logger = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ class ExitWatcher:
 
     def __init__(self, registry: str, grace_s: float = 1.5, on_job_id=None):
         self.registry = registry
-        self.on_job_id = on_job_id  # called with the job id the ranks agreed on (otel_gpu.jobid)
+        self.on_job_id = on_job_id  # called with the job id the ranks agreed on (otel_gpu.instrumentation.jobid)
         self.grace_s = grace_s
         self.reported: dict[int, dict] = {}
         self.known: set[int] = set()  # every pid that registered
@@ -285,7 +285,7 @@ class Launch:
         self._ends = EndWaiter()
 
     def _adopt(self, agreed: str | None) -> None:
-        """The job id the ranks agreed on, for the launcher's own records (otel_gpu.jobid)."""
+        """The job id the ranks agreed on, for the launcher's own records (otel_gpu.instrumentation.jobid)."""
         self.job.adopt(agreed, self.identity)
         self.job_id = self.job.value
 
@@ -364,7 +364,7 @@ class Launch:
 
 def resolve_job_id(job_id: str | None = None, cmd: list[str] | tuple = ()) -> str:
     """The job id every process of this run shares: ``job_id``, else the scheduler's or launcher's
-    (:func:`otel_gpu.jobid.resolve`: OTEL_GPU_JOB_ID, torchrun's --rdzv-id, Slurm, Kubernetes), else a generated
+    (:func:`otel_gpu.instrumentation.jobid.resolve`: OTEL_GPU_JOB_ID, torchrun's --rdzv-id, Slurm, Kubernetes), else a generated
     one. (``otel-gpu run`` without ``--restart`` lets the ranks agree on one instead: :class:`jobid.LaunchJobId`.)"""
     return job_id or (jobid.resolve(os.environ, cmd) or jobid.JobId(jobid.generated(), "generated")).value
 
