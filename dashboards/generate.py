@@ -41,7 +41,7 @@ from otel_gpu.schema import health as s_health
 from otel_gpu.schema import identity as s_id
 from otel_gpu.schema import nic as s_nic
 from otel_gpu.schema import training as s_training
-from otel_gpu.schema._prom import sanitize
+from otel_gpu.schema.prom import sanitize
 
 __all__ = ["Query", "PanelSpec", "DashboardSpec", "specs", "build_all", "all_queries", "OUT_DIR", "main"]
 

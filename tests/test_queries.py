@@ -197,7 +197,7 @@ def _prometheus_names() -> set[str]:
 
 
 def test_promql_queries_use_schema_names_and_labels():
-    from otel_gpu.schema._prom import sanitize
+    from otel_gpu.schema.prom import sanitize
 
     queries = blocks("promql")
     assert len(queries) >= 10

@@ -27,7 +27,8 @@ from otel_gpu.instrumentation import jobid
 
 _logger = logging.getLogger(__name__)
 
-__all__ = ["run", "bootstrap_dir", "launch_env", "EndWaiter", "ExitWatcher", "Launch", "resolve_job_id"]
+__all__ = ["run", "bootstrap_dir", "launch_env", "EndWaiter", "ExitWatcher", "Launch", "resolve_job_id", "send_event",
+           "this_host"]
 
 
 def bootstrap_dir() -> str:
@@ -219,6 +220,25 @@ def _will_reap(info: dict, procs: dict[int, dict]) -> bool:
     """The process's parent is instrumented and alive, so it will append the child's wait status shortly."""
     parent = _int_or_none(info.get("ppid"))
     return parent is not None and parent in procs and _alive(parent)
+
+
+def send_event(launch: Launch, name: str, attributes: dict, body: dict, warning: bool = False) -> None:
+    """Sends one log event (``name``, e.g. ``otel_gpu.restart.decision``) with the launch's own resource."""
+    from otel_gpu.instrumentation import _export
+
+    severity = _export.WARN if warning else _export.INFO
+    launch.client.send_logs(_export.logs_request(_export.make_resource(launch.identity.attributes()),
+                                                 [(name, time.time_ns(), attributes, body, severity)]))
+
+
+def this_host(environ: dict[str, str] | None = None) -> str | None:
+    """This host's name as the instrumentation reports it (``host.name`` from OTEL_RESOURCE_ATTRIBUTES, else the
+    node's name); None when it cannot be told."""
+    from otel_gpu.instrumentation._identity import Identity
+    from otel_gpu.instrumentation.config import InstrumentationConfig
+
+    env = dict(os.environ if environ is None else environ)
+    return Identity("-", None, InstrumentationConfig.from_env(env).resource_attributes).host
 
 
 def _send(client, identity, reports: list[dict]) -> None:

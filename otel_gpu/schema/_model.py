@@ -52,7 +52,7 @@ class Metric:
     @property
     def prometheus_name(self) -> str:
         """The name the Prometheus exporter exposes, following OpenTelemetry's Prometheus compatibility rules."""
-        from otel_gpu.schema._prom import prometheus_name
+        from otel_gpu.schema.prom import prometheus_name
 
         return prometheus_name(self.name, self.unit, self.type)
 

@@ -241,15 +241,13 @@ class Supervisor:
         self.decisions.append(decision)
         print(decision.line(), file=self.out, flush=True)
         try:
-            from otel_gpu.instrumentation import _export
+            from otel_gpu.instrumentation.launcher import send_event
             from otel_gpu.schema import identity as ids
             from otel_gpu.schema import training as tr
 
             body = {k: v for k, v in asdict(decision).items() if v is not None}
-            req = _export.logs_request(_export.make_resource(launch.identity.attributes()),
-                                       [(tr.RESTART_EVENT.name, time.time_ns(), {str(ids.JOB_ID): self.job_id}, body,
-                                         _export.INFO if decision.decision == "done" else _export.WARN)])
-            launch.client.send_logs(req)
+            send_event(launch, tr.RESTART_EVENT.name, {str(ids.JOB_ID): self.job_id}, body,
+                       warning=decision.decision != "done")
         except Exception:  # noqa: BLE001 - the decision stands even if it cannot be exported
             _logger.debug("could not export the decision", exc_info=True)
 
@@ -517,10 +515,9 @@ def _drained_text(entries: list[dict[str, Any]]) -> str:
 def _this_host() -> str | None:
     """This host's name as the instrumentation reports it (host.name from OTEL_RESOURCE_ATTRIBUTES, else ...)."""
     try:
-        from otel_gpu.instrumentation._identity import Identity
-        from otel_gpu.instrumentation.config import InstrumentationConfig
+        from otel_gpu.instrumentation.launcher import this_host
 
-        return Identity("-", None, InstrumentationConfig.from_env(dict(os.environ)).resource_attributes).host
+        return this_host()
     except Exception:  # noqa: BLE001 - unknown host: the drained-device query asks for all hosts
         return None
 
