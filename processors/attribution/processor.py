@@ -19,7 +19,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 
-from otel_gpu.component import Processor
+from otel_gpu.component import DEVICE_HEALTH, FAILURE_HISTORY, Processor
 from otel_gpu.otlp_build import LogsBuilder, MetricsBuilder, SpansBuilder, attributes, merge
 from otel_gpu.pdata import Batch, Signal, attributes_dict, body_object, number_points, point_value
 from otel_gpu.processors.attribution._engine import Engine, EngineSettings
@@ -417,7 +417,7 @@ class AttributionProcessor(Processor):
 
     # -- output --------------------------------------------------------------------------------------------------------
     def _publish(self, record: FailureRecord) -> None:
-        history = self.host.services.get("failure_history")
+        history = self.host.services.get(FAILURE_HISTORY)
         if history is not None and (record.version == 1 or record.previous_root_cause is not None):
             try:
                 record.recurrence = int(history.recurrence(record.signature))
@@ -453,7 +453,7 @@ class AttributionProcessor(Processor):
         """Device health (issue 15): asks the health processor's shared service, when one runs, what it knows of the
         culprit's GPU and node; adds that history to the evidence, raises confidence in a hardware cause for a device
         already in watch/drain, and names a recurring culprit (third failure on the same device)."""
-        health = self.host.services.get("device_health")
+        health = self.host.services.get(DEVICE_HEALTH)
         if health is None:
             return
         try:
