@@ -123,7 +123,7 @@ def _need(m: Metric, *types: MetricType) -> None:
 
 
 def by(*attrs: Attr | str) -> str:
-    return ", ".join(a if isinstance(a, str) else label(a) for a in attrs)
+    return ", ".join(label(a) if isinstance(a, Attr) else a for a in attrs)
 
 
 def L(a: Attr) -> str:  # noqa: N802  (legend placeholder)

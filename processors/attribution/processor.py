@@ -22,7 +22,7 @@ from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 from otel_gpu.component import DEVICE_HEALTH, FAILURE_HISTORY, Processor
 from otel_gpu.otlp_build import LogsBuilder, MetricsBuilder, SpansBuilder, attributes, merge
 from otel_gpu.pdata import Batch, Signal, attributes_dict, body_object, number_points, point_value
-from otel_gpu.processors.attribution._engine import Engine, EngineSettings
+from otel_gpu.processors.attribution._engine import Engine
 from otel_gpu.processors.attribution._observations import (ExceptionSeen, ExitSeen, GpuSample, Heartbeat, Identity,
                                                            Inflight, NicSample, SpanSeen, Stacks, StepSeen, XidSeen)
 from otel_gpu.failure import FailureRecord
@@ -140,13 +140,7 @@ class AttributionProcessor(Processor):
 
     def __init__(self, config, host):
         super().__init__(config, host)
-        self.engine = Engine(EngineSettings(
-            hang_timeout_s=config.hang_timeout_s, hang_step_factor=config.hang_step_factor,
-            heartbeat_timeout_s=config.heartbeat_timeout_s, crash_settle_s=config.crash_settle_s,
-            slowdown_ratio=config.slowdown_ratio, slowdown_min_excess_s=config.slowdown_min_excess_s,
-            slowdown_warmup_steps=config.slowdown_warmup_steps, checkpoint_stall_s=config.checkpoint_stall_s,
-            checkpoint_timeout_s=config.checkpoint_timeout_s, stack_grace_s=config.stack_grace_s,
-            startup_timeout_s=config.startup_timeout_s))
+        self.engine = Engine(config)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._wake = threading.Event()  # set when a crash incident opens: its decision falls due before a tick
