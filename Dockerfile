@@ -13,7 +13,7 @@ ARG PYTHON_VERSION=3.12
 
 FROM python:${PYTHON_VERSION}-slim AS build
 WORKDIR /src
-COPY pyproject.toml setup.py README.md ./
+COPY pyproject.toml README.md ./
 COPY otel_gpu ./otel_gpu
 COPY receivers ./receivers
 COPY processors ./processors

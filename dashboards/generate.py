@@ -41,7 +41,7 @@ from otel_gpu.schema import health as s_health
 from otel_gpu.schema import identity as s_id
 from otel_gpu.schema import nic as s_nic
 from otel_gpu.schema import training as s_training
-from otel_gpu.schema._prom import sanitize
+from otel_gpu.schema.prom import sanitize
 
 __all__ = ["Query", "PanelSpec", "DashboardSpec", "specs", "build_all", "all_queries", "OUT_DIR", "main"]
 
@@ -123,7 +123,7 @@ def _need(m: Metric, *types: MetricType) -> None:
 
 
 def by(*attrs: Attr | str) -> str:
-    return ", ".join(a if isinstance(a, str) else label(a) for a in attrs)
+    return ", ".join(label(a) if isinstance(a, Attr) else a for a in attrs)
 
 
 def L(a: Attr) -> str:  # noqa: N802  (legend placeholder)

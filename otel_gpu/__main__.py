@@ -1,5 +1,5 @@
 import sys
 
-from otel_gpu.cli import main
+from otel_gpu.commands.cli import main
 
 sys.exit(main())

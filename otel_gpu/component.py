@@ -4,7 +4,21 @@ A receiver starts, produces batches into its consumer, and shuts down. A process
 (or ``None`` to drop it), and may emit batches of its own through its host. An exporter exports and returns an
 :class:`ExportResult`; it must never block the caller for long: slow work belongs on its own thread.
 
-Components meet only through these interfaces and :class:`otel_gpu.pdata.Batch`; none imports another.
+Components meet only through these interfaces, :class:`otel_gpu.pdata.Batch` and the typed services below; none
+imports another. A component that offers something to others publishes it under a :class:`ServiceKey` declared here,
+with the Protocol it satisfies; a component that uses it asks for the same key and gets ``None`` when nobody
+published one (a feature turns off visibly: the key is an import, not a string). The edges today:
+
+================================ ============================== ===========================================
+key                              published by                   read by
+================================ ============================== ===========================================
+:data:`FAILURE_HISTORY`          the ``store`` exporter         the ``attribution`` processor (recurrence)
+:data:`DEVICE_HISTORY`           the ``store`` exporter         the ``health`` processor (states, culprits)
+:data:`DEVICE_HEALTH`            the ``health`` processor       the ``attribution`` processor (device context)
+:data:`ADMISSION` (many)         the ``memory_limiter``         the ``otlp`` receiver (refuse under pressure)
+:data:`READY`                    the collector runtime          the ``health_check`` extension
+:data:`SELF_TELEMETRY_REGISTRY`  the collector runtime          the ``prometheus`` exporter (one scrape page)
+================================ ============================== ===========================================
 
 Example (a receiver that produces one empty log batch when started)::
 
@@ -31,13 +45,17 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 from otel_gpu.pdata import Batch, Signal
 
 __all__ = ["ComponentFactory", "ComponentHost", "Consumer", "ExportResult", "Exporter", "Extension", "Processor",
-           "Receiver",
-           "SelfTelemetry", "NullConsumer", "LogOnce", "run_polling"]
+           "Receiver", "SelfTelemetry", "NullConsumer", "LogOnce", "run_polling", "ServiceKey", "Services",
+           "FailureHistoryService", "DeviceHistoryService", "DeviceHealthService", "AdmissionCheck",
+           "FAILURE_HISTORY", "DEVICE_HISTORY", "DEVICE_HEALTH", "ADMISSION", "READY", "SELF_TELEMETRY_REGISTRY"]
+
+T = TypeVar("T")
+_logger = logging.getLogger(__name__)
 
 
 class ExportResult(enum.Enum):
@@ -79,16 +97,129 @@ class LogOnce:
         self._logger.log(level, msg, *args, **kwargs)  # kwargs: exc_info, stack_info (the runtime passes exc_info)
 
 
+class FailureHistoryService(Protocol):
+    """How often a failure signature was recorded before (the store's, across jobs and collector restarts)."""
+
+    def recurrence(self, signature: str) -> int: ...
+
+
+class DeviceHistoryService(Protocol):
+    """Device states and how often each device was a failure's culprit (the store's)."""
+
+    def device_states(self) -> list[dict[str, Any]]: ...
+    def culprit_counts(self, window_s: float | None = None, *, now: float | None = None,
+                       device_ids: list[str] | None = None) -> dict[str, dict[str, Any]]: ...
+
+
+class DeviceHealthService(Protocol):
+    """The health processor's view of a failure's culprit devices: their states, history and evidence."""
+
+    def failure_context(self, *, host: str | None, gpu: str | None, job_id: str, category: str,
+                        time_s: float) -> dict[str, Any]: ...
+
+
+class AdmissionCheck(Protocol):
+    """Asked before a receiver accepts a request: None to accept, else the reason to refuse (retry later)."""
+
+    def __call__(self) -> Any: ...
+
+
+@dataclass(frozen=True, eq=False)
+class ServiceKey(Generic[T]):
+    """The name of a service one component publishes for others, with the Protocol it satisfies.
+
+    Keys compare by identity: two keys with the same name are two services, and a typo is a NameError at import.
+    ``many``: several components may publish (each ``publish`` adds one); ``get`` returns them all, as a tuple.
+    """
+
+    name: str
+    protocol: Any
+    many: bool = False
+
+    def __repr__(self) -> str:
+        return f"ServiceKey({self.name!r})"
+
+
+FAILURE_HISTORY: ServiceKey[FailureHistoryService] = ServiceKey("failure_history", FailureHistoryService)
+DEVICE_HISTORY: ServiceKey[DeviceHistoryService] = ServiceKey("device_history", DeviceHistoryService)
+DEVICE_HEALTH: ServiceKey[DeviceHealthService] = ServiceKey("device_health", DeviceHealthService)
+ADMISSION: ServiceKey[AdmissionCheck] = ServiceKey("admission", AdmissionCheck, many=True)
+READY: ServiceKey[Callable[[], bool]] = ServiceKey("ready", Callable)
+SELF_TELEMETRY_REGISTRY: ServiceKey[Any] = ServiceKey("self_telemetry_registry", Any)  # a prometheus CollectorRegistry
+
+
+class Services:
+    """The services components published for each other, by :class:`ServiceKey` (see the module docstring).
+
+    Example:
+        >>> services = Services()
+        >>> services.get(FAILURE_HISTORY) is None
+        True
+        >>> class History:
+        ...     def recurrence(self, signature): return 2
+        >>> services.publish(FAILURE_HISTORY, History())
+        >>> services.get(FAILURE_HISTORY).recurrence("sig")
+        2
+        >>> services.publish(ADMISSION, lambda: None); services.publish(ADMISSION, lambda: "full")
+        >>> [check() for check in services.get(ADMISSION)]
+        [None, 'full']
+        >>> services.get("failure_history")
+        Traceback (most recent call last):
+        ...
+        TypeError: services are asked for by ServiceKey (otel_gpu.component), not by 'failure_history'
+    """
+
+    def __init__(self, initial: dict[ServiceKey[Any], Any] | None = None):
+        self._by_key: dict[ServiceKey[Any], Any] = {}
+        for key, value in (initial or {}).items():
+            if key.many:
+                for one in value:
+                    self.publish(key, one)
+            else:
+                self.publish(key, value)
+
+    @staticmethod
+    def _check(key: Any) -> None:
+        if not isinstance(key, ServiceKey):
+            raise TypeError(f"services are asked for by ServiceKey (otel_gpu.component), not by {key!r}")
+
+    def publish(self, key: ServiceKey[T], service: T) -> None:
+        """Offers ``service`` under ``key``; for a single-valued key a second publisher replaces the first (logged)."""
+        self._check(key)
+        if key.many:
+            self._by_key.setdefault(key, []).append(service)
+            return
+        if key in self._by_key and self._by_key[key] is not service:
+            _logger.warning("service %s published twice: the later one wins", key.name)
+        self._by_key[key] = service
+
+    def get(self, key: ServiceKey[T]) -> T | None:
+        """The service published under ``key``, or None (a ``many`` key: a tuple of every one, maybe empty)."""
+        self._check(key)
+        if key.many:
+            return tuple(self._by_key.get(key, ()))  # type: ignore[return-value]
+        return self._by_key.get(key)
+
+    def __getitem__(self, key: ServiceKey[T]) -> T:
+        found = self.get(key)
+        if found is None:
+            raise KeyError(f"no component published {key.name}")
+        return found
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._by_key
+
+
 class ComponentHost:
     """What the runtime gives a component: its id, its downstream consumers per signal, self-telemetry, and the
     shared services (e.g. the Prometheus registry) other components published."""
 
     def __init__(self, component_id: str, telemetry: SelfTelemetry, consumers: dict[Signal, Consumer] | None = None,
-                 services: dict[str, Any] | None = None):
+                 services: Services | dict[ServiceKey[Any], Any] | None = None):
         self.component_id = component_id
         self.telemetry = telemetry
         self._consumers: dict[Signal, Consumer] = consumers if consumers is not None else {}
-        self.services: dict[str, Any] = services if services is not None else {}
+        self.services: Services = services if isinstance(services, Services) else Services(services)
         self.logger = logging.getLogger(f"otel_gpu.component.{component_id}")
         self.log_once = LogOnce(self.logger)
 
@@ -137,7 +268,7 @@ class Exporter(Component):
 
 class Extension(Component):
     """Runs beside the pipelines (``extensions:``, listed in ``service.extensions``): started first, stopped last.
-    ``host.services["ready"]()`` tells whether the collector's pipelines are running."""
+    ``host.services.get(READY)()`` tells whether the collector's pipelines are running."""
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from otel_gpu.processors.attribution._engine import Engine, EngineSettings
+from otel_gpu.processors.attribution._engine import Engine
+from otel_gpu.processors.attribution.config import AttributionConfig
 from otel_gpu.processors.attribution._observations import (GpuSample, Heartbeat, Identity, Inflight, NicSample,
                                                            Stacks, XidSeen)
 
@@ -28,7 +29,7 @@ class Cluster:
     per_host: int = 2
     job: str = "job-1"
     restart: int = 0
-    settings: EngineSettings = field(default_factory=lambda: EngineSettings(hang_timeout_s=5.0, stack_grace_s=2.0))
+    settings: AttributionConfig = field(default_factory=lambda: AttributionConfig(hang_timeout_s=5.0, stack_grace_s=2.0))
     engine: Engine = None
     records: list = field(default_factory=list)  # (t, record)
     t: float = T0

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import random
 
-from otel_gpu.processors.attribution._engine import Engine, EngineSettings
+from otel_gpu.processors.attribution._engine import Engine
+from otel_gpu.processors.attribution.config import AttributionConfig
 from otel_gpu.processors.attribution._observations import (ExceptionSeen, ExitSeen, GpuSample, Heartbeat, Identity,
                                                            Inflight, NicSample, Stacks, StepSeen, XidSeen)
 
@@ -42,7 +43,7 @@ def run_until(engine, start, end, feed=None, dt=0.5):
 
 
 def test_hang_names_the_rank_that_never_reached_the_collective_with_its_stack():
-    engine = Engine(EngineSettings(hang_timeout_s=10))
+    engine = Engine(AttributionConfig(hang_timeout_s=10))
     engine.observe_stacks(Stacks(who(2), T0 + 12, "train.py:40 main", [
         {"file": "/work/train.py", "line": 40, "function": "main"},
         {"file": "/usr/lib/python3.11/time.py", "line": 1, "function": "sleep"}]), T0 + 12)
@@ -57,7 +58,7 @@ def test_hang_names_the_rank_that_never_reached_the_collective_with_its_stack():
 
 
 def test_crash_first_cause_wins_and_peer_failures_are_consequences():
-    engine = Engine(EngineSettings(crash_settle_s=1.0))
+    engine = Engine(AttributionConfig(crash_settle_s=1.0))
     for r in range(WORLD):
         engine.observe_heartbeat(Heartbeat(who(r), T0, 3, "step", None), T0)
     # Ranks 0, 1, 3 fail in the next collective *before* the launcher reports rank 3's SIGKILL... no: rank 1 dies.
@@ -95,7 +96,7 @@ def test_xid_79_on_the_failed_ranks_gpu_outranks_the_exception():
 
 
 def test_collective_mismatch_when_every_rank_waits_at_the_same_seq_with_different_ops():
-    engine = Engine(EngineSettings(hang_timeout_s=5))
+    engine = Engine(AttributionConfig(hang_timeout_s=5))
     ops = {0: "all_reduce", 1: "all_reduce", 2: "broadcast", 3: "all_reduce"}
     found = run_until(engine, T0 + 10, T0 + 20, lambda t: heartbeats(engine, t, {0, 1, 2, 3}, 9, ops=ops))
     (_, rec), = found
@@ -103,7 +104,7 @@ def test_collective_mismatch_when_every_rank_waits_at_the_same_seq_with_differen
 
 
 def test_nic_link_down_on_the_culprits_node_explains_the_hang():
-    engine = Engine(EngineSettings(hang_timeout_s=5))
+    engine = Engine(AttributionConfig(hang_timeout_s=5))
     engine.observe_nic(NicSample("node1", "mlx5_0/1", T0, up=True))
     engine.observe_nic(NicSample("node1", "mlx5_0/1", T0 + 9, up=False))
     found = run_until(engine, T0 + 10, T0 + 20, lambda t: heartbeats(engine, t, {0, 1, 3}, 5))
@@ -155,7 +156,7 @@ def test_compute_straggler_is_named_within_ten_steps_and_thermal_throttle_explai
 
 
 def test_launcher_stopping_the_survivors_does_not_make_them_culprits():
-    engine = Engine(EngineSettings(crash_settle_s=1.0))
+    engine = Engine(AttributionConfig(crash_settle_s=1.0))
     # torchrun notices rank 2's death and SIGTERMs the others; their reports can arrive before rank 2's.
     for r in (0, 1, 3):
         engine.observe_exit(ExitSeen(who(r), T0 + 0.3, -15, "SIGTERM"), T0 + 0.3)

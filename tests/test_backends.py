@@ -1,4 +1,4 @@
-"""The backend seam: receivers get their NVML from otel_gpu.backends by the config's name and never import the
+"""The backend seam: receivers get their NVML from otel_gpu.collector.backends by the config's name and never import the
 testing package; a backend registered under a new name (or through the entry-point group) is usable from config."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from otel_gpu import backends
+from otel_gpu.collector import backends
 from otel_gpu.collector.config import load_text
 from otel_gpu.collector.runtime import Collector
 from otel_gpu.config import ConfigError
@@ -17,7 +17,7 @@ from otel_gpu.schema import gpu as G
 from otel_gpu.testing.fake_nvml import FakeNvml
 
 ROOT = Path(__file__).resolve().parents[1]
-# Product code that must not import the testing package (otel_gpu/demo.py runs the scenario suite by design).
+# Product code that must not import the testing package (otel_gpu/commands/demo.py runs the scenario suite by design).
 PRODUCT = [ROOT / "receivers", ROOT / "processors", ROOT / "otel_gpu" / "exporters", ROOT / "otel_gpu" / "collector",
            ROOT / "otel_gpu" / "instrumentation", ROOT / "otel_gpu" / "schema"]
 

@@ -23,7 +23,7 @@ from collector_proc import free_port, start_collector
 from otel_gpu.collector.config import CollectorConfig, ComponentSpec, PipelineSpec
 from otel_gpu.collector.registry import load_factory
 from otel_gpu.collector.runtime import Collector
-from otel_gpu.component import ComponentFactory, Exporter, ExportResult
+from otel_gpu.component import ADMISSION, ComponentFactory, ExportResult, Exporter
 from otel_gpu.config import build
 from otel_gpu.pdata import Signal
 from otel_gpu.processors.memory_limiter import rss_bytes
@@ -357,7 +357,7 @@ def test_memory_limiter_settings():
     limiter = MemoryLimiterProcessor(cfg, host)
     total = available_memory_bytes()
     assert total and limiter.hard_limit == total * 50 // 100 and limiter.soft_limit == total * 40 // 100
-    assert host.services["admission"] == [limiter.refusal]
+    assert host.services.get(ADMISSION) == (limiter.refusal,)
     for bad, message in [
         ({}, "processors.memory_limiter.limit_mib: set limit_mib"),
         ({"limit_mib": 100, "limit_percentage": 50}, "not both"),
@@ -386,7 +386,7 @@ def test_a_broken_admission_check_does_not_refuse_everything():
             got.append(batch)
 
     host = ComponentHost("otlp", PrometheusSelfTelemetry(), {s: Keep() for s in Signal},
-                         services={"admission": [broken, lambda: None]})
+                         services={ADMISSION: [broken, lambda: None]})
     receiver = factory.create(cfg, host)
     receiver.start()
     try:

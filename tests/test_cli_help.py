@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from otel_gpu.cli import build_parser, main
+from otel_gpu.commands.cli import build_parser, main
 
 
 def _help(*argv: str) -> str:

@@ -13,7 +13,7 @@ import pytest
 from otel_gpu.collector import registry
 from otel_gpu.collector.config import load_file, load_text
 from otel_gpu.collector.runtime import Collector, StartError
-from otel_gpu.component import ComponentHost
+from otel_gpu.component import READY, ComponentHost
 from otel_gpu.config import ConfigError, build, format_duration, parse_duration
 from otel_gpu.collector.telemetry import PrometheusSelfTelemetry
 from otel_gpu.pdata import Batch, Signal, count_items
@@ -117,7 +117,7 @@ def test_health_check_says_503_while_the_pipelines_do_not_run():
     from otel_gpu.extensions.health_check import FACTORY
 
     ready = [False]
-    host = ComponentHost("health_check", PrometheusSelfTelemetry(), services={"ready": lambda: ready[0]})
+    host = ComponentHost("health_check", PrometheusSelfTelemetry(), services={READY: lambda: ready[0]})
     ext = FACTORY.create(build(FACTORY.config_class, {"endpoint": "127.0.0.1:0"}, "extensions.health_check"), host)
     ext.start()
     try:

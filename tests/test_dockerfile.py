@@ -98,7 +98,7 @@ def test_installs_only_what_the_collector_needs(commands):
     assert ignore[0] == "*"  # the build context is an allow-list: only what the COPY lines name
     allowed = {line[1:].rstrip("/") for line in ignore if line.startswith("!")}
     assert allowed == {src.rstrip("/") for src in " ".join(copied).split() if src != "./"} | {
-        "pyproject.toml", "setup.py", "README.md"}
+        "pyproject.toml", "README.md"}
 
 
 def test_the_chart_s_image_is_this_dockerfile_s(commands):

@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from otel_gpu.collector import registry
+from layout import module_name, source_files
 from otel_gpu.config import parse_duration, yaml_keys
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,25 +26,14 @@ _NOT_IMPORTED = {"otel_gpu.auto", "otel_gpu.__main__"}
 
 
 # -- doctests --------------------------------------------------------------------------------------------------------
-def _module_name(path: Path) -> str:
-    rel = path.relative_to(ROOT).with_suffix("")
-    parts = list(rel.parts)
-    if parts[0] in ("receivers", "processors"):  # setup.py maps these folders into the otel_gpu namespace
-        parts.insert(0, "otel_gpu")
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
-
-
 def _modules_with_examples() -> list[str]:
     found = []
-    for top in ("otel_gpu", "receivers", "processors"):
-        for path in sorted((ROOT / top).rglob("*.py")):
-            if "_bootstrap" in path.parts or ">>>" not in path.read_text(encoding="utf-8"):
-                continue
-            name = _module_name(path)
-            if name not in _NOT_IMPORTED:
-                found.append(name)
+    for path in source_files():
+        if "_bootstrap" in path.parts or ">>>" not in path.read_text(encoding="utf-8"):
+            continue
+        name = module_name(path)
+        if name not in _NOT_IMPORTED:
+            found.append(name)
     return found
 
 

@@ -16,6 +16,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from layout import source_files
 from otel_gpu.collector import registry
 from otel_gpu.collector.config import load_text, parse
 from otel_gpu.config import ConfigError, build, yaml_keys
@@ -69,14 +70,10 @@ _UNSAFE = re.compile(r"yaml\.(?:load|full_load|unsafe_load|load_all|full_load_al
 def test_no_code_path_loads_yaml_unsafely():
     """Every YAML the product reads (config files, scenarios, env values, Helm values) goes through safe_load."""
     offenders = []
-    for folder in ("otel_gpu", "receivers", "processors", "exporters"):
-        base = ROOT / folder
-        if not base.exists():
-            continue
-        for path in base.rglob("*.py"):
-            for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-                if _UNSAFE.search(line):
-                    offenders.append(f"{path.relative_to(ROOT)}:{lineno}: {line.strip()}")
+    for path in source_files():
+        for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if _UNSAFE.search(line):
+                offenders.append(f"{path.relative_to(ROOT)}:{lineno}: {line.strip()}")
     assert not offenders, offenders
 
 

@@ -11,19 +11,19 @@ import time
 import pytest
 
 from otel_gpu.collector.telemetry import PrometheusSelfTelemetry
-from otel_gpu.component import ComponentHost
+from otel_gpu.component import DEVICE_HISTORY, ComponentHost, Services
 from otel_gpu.config import ConfigError, build
 from otel_gpu.exporters.store import StoreExporter, StoreExporterConfig, db
 from otel_gpu.otlp_build import iter_points
 from otel_gpu.pdata import Batch, Signal
 from otel_gpu.processors.attribution import AttributionConfig, AttributionProcessor
-from otel_gpu.processors.attribution._record import Culprit, FailureRecord
+from otel_gpu.failure import Culprit, FailureRecord
 from otel_gpu.processors.health import HealthConfig, HealthProcessor
 from otel_gpu.receivers.nic import NicReceiver
 from otel_gpu.receivers.nic.config import NicReceiverConfig
 from otel_gpu.receivers.nvml import NvmlReceiver
 from otel_gpu.receivers.nvml.config import NvmlReceiverConfig
-from otel_gpu.report import build_report, format_text
+from otel_gpu.commands.report import build_report, format_text
 from otel_gpu.schema import failure as F
 from otel_gpu.schema import health as H
 from otel_gpu.testing.fake_nvml import FakeClock, FakeNvml
@@ -226,7 +226,7 @@ def _failure(job: str, onset: float, uuid: str, host: str = HOST, cause=F.RootCa
 
 
 def test_gpu_culprit_of_three_jobs_in_a_row_is_a_recurring_culprit_and_drained(tmp_path):
-    services: dict = {}
+    services = Services()
     store = _store(tmp_path, services)
     try:
         now = [time.time()]
@@ -282,7 +282,7 @@ def test_gpu_culprit_of_three_jobs_in_a_row_is_a_recurring_culprit_and_drained(t
 
 # -- 4. history across collector restarts, the report's devices section, the verdict query -------------------------
 def test_device_states_survive_a_collector_restart_and_show_in_the_report(tmp_path):
-    services: dict = {}
+    services = Services()
     store = _store(tmp_path, services)
     now = [time.time()]
     try:
@@ -306,7 +306,7 @@ def test_device_states_survive_a_collector_restart_and_show_in_the_report(tmp_pa
     assert "devices to drain (2):" in text and "gpu:GPU-dead on node-a (GPU 5): drain since" in text
     assert "row remap failure" in text and "jobs hurt: job-9" in text
     # A new collector on the same store: the drain is remembered (not announced again), and served as the verdict.
-    services2: dict = {}
+    services2 = Services()
     store2 = _store(tmp_path, services2)
     try:
         proc2, sink2 = _health(lambda: now[0] + 60, services=services2, store=store2)
@@ -419,7 +419,7 @@ def test_store_links_a_failure_once_across_revisions_and_survives_hostile_bodies
     from otel_gpu.exporters.store import devices as dstore
     from otel_gpu.otlp_build import LogsBuilder
 
-    services: dict = {}
+    services = Services()
     store = _store(tmp_path, services)
     try:
         lb = LogsBuilder()
@@ -432,10 +432,10 @@ def test_store_links_a_failure_once_across_revisions_and_survives_hostile_bodies
                                               "gpu_index": 10 ** 30, "score": "NaN", "evidence": {"a": 1}}):
             lb.event(H.STATE_CHANGE_EVENT, hostile)
         store.export(Batch.from_message(Signal.LOGS, lb.build()))
-        counts = services["device_history"].culprit_counts(device_ids=["gpu:GPU-9", "node:h"])
+        counts = services[DEVICE_HISTORY].culprit_counts(device_ids=["gpu:GPU-9", "node:h"])
         assert counts["gpu:GPU-9"]["failures"] == 1 and counts["node:h"]["failures"] == 1  # queued, counted once
         assert store.force_flush(5)
-        counts = services["device_history"].culprit_counts(device_ids=["gpu:GPU-9", "node:h"])
+        counts = services[DEVICE_HISTORY].culprit_counts(device_ids=["gpu:GPU-9", "node:h"])
         assert counts["gpu:GPU-9"]["failures"] == 1 and counts["node:h"]["jobs"] == ["j"]
         with db.open_reader(tmp_path / "store") as conn:
             states = {d["device_id"]: d for d in dstore.device_states(conn)}
@@ -497,7 +497,7 @@ service:
 def test_a_withdrawn_verdict_no_longer_counts_against_its_devices(tmp_path):
     from otel_gpu.otlp_build import LogsBuilder
 
-    services: dict = {}
+    services = Services()
     store = _store(tmp_path, services)
     try:
         record = {"failure_id": "f-2", "version": 1, "kind": "hang", "root_cause": "nic_link_down", "job_id": "j",
@@ -507,7 +507,7 @@ def test_a_withdrawn_verdict_no_longer_counts_against_its_devices(tmp_path):
             lb.event(F.FAILURE_EVENT, body)
             store.export(Batch.from_message(Signal.LOGS, lb.build()))
             assert store.force_flush(5)
-            counts = services["device_history"].culprit_counts(device_ids=["node:h2"])
+            counts = services[DEVICE_HISTORY].culprit_counts(device_ids=["node:h2"])
             if body is record:
                 assert counts["node:h2"]["failures"] == 1
         assert counts == {}
@@ -516,7 +516,7 @@ def test_a_withdrawn_verdict_no_longer_counts_against_its_devices(tmp_path):
 
 
 def test_a_node_failing_for_the_third_time_with_different_gpus_is_the_recurring_culprit(tmp_path):
-    services: dict = {}
+    services = Services()
     store = _store(tmp_path, services)
     try:
         now = [time.time()]

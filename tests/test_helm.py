@@ -14,6 +14,7 @@ import yaml
 helm = pytest.importorskip("helm_python", reason="helm-python-sdk is in the test extra: pip install -e '.[test]'")
 kubernetes_validate = pytest.importorskip("kubernetes_validate")
 
+from layout import source_files  # noqa: E402
 from otel_gpu.collector.config import load_text  # noqa: E402
 
 CHART = Path(__file__).resolve().parents[1] / "helm" / "otel-gpu"
@@ -413,9 +414,7 @@ RUNTIME_ENV = {"NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES"}
 
 
 def _source_text() -> str:
-    root = CHART.parents[1]
-    return "\n".join(p.read_text(encoding="utf-8") for folder in ("otel_gpu", "receivers", "processors")
-                     for p in (root / folder).rglob("*.py"))
+    return "\n".join(p.read_text(encoding="utf-8") for p in source_files())
 
 
 def test_the_chart_sets_only_environment_variables_that_are_read():

@@ -1,5 +1,5 @@
 """The one HTTP server behind the OTLP/HTTP receiver and the Prometheus exporter: both listeners are built by
-otel_gpu.httpserver with the same socket options and timeouts; idle clients are dropped, a full server answers 503."""
+otel_gpu.collector.httpserver with the same socket options and timeouts; idle clients are dropped, a full server answers 503."""
 from __future__ import annotations
 
 import socket
@@ -8,7 +8,7 @@ from http.server import BaseHTTPRequestHandler
 
 import pytest
 
-from otel_gpu import httpserver
+from otel_gpu.collector import httpserver
 from otel_gpu.collector.config import load_text
 from otel_gpu.collector.runtime import Collector
 

@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 from otel_gpu.instrumentation import _export, _hot, _registry  # noqa: E402
 from otel_gpu.instrumentation._crash import classify  # noqa: E402
 from otel_gpu.instrumentation.config import InstrumentationConfig  # noqa: E402
-from otel_gpu.launcher import ExitWatcher, launch_env  # noqa: E402
+from otel_gpu.instrumentation.launcher import ExitWatcher, launch_env  # noqa: E402
 from otel_gpu.testing.otlp_sink import OtlpSink  # noqa: E402
 
 

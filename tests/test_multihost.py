@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from otel_gpu import jobid
+from otel_gpu.instrumentation import jobid
 from otel_gpu.testing import cluster as cl
 
 ROOT = Path(__file__).resolve().parent.parent

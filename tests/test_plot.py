@@ -14,16 +14,18 @@ import zlib
 
 import pytest
 
-from otel_gpu.cli import main as cli_main
 from otel_gpu.collector.telemetry import PrometheusSelfTelemetry
+from otel_gpu.commands.cli import main as cli_main
+from otel_gpu.commands.plot import KINDS, JobTimeline, job_timeline, one_line, png_size, render_svg
 from otel_gpu.component import ComponentHost
 from otel_gpu.config import build
 from otel_gpu.exporters.store import StoreExporter, StoreExporterConfig, db
+from otel_gpu.failure import Culprit, FailureRecord
 from otel_gpu.otlp_build import LogsBuilder, SpansBuilder
 from otel_gpu.pdata import Batch, Signal
-from otel_gpu.plot import KINDS, JobTimeline, job_timeline, one_line, png_size, render_svg
 from otel_gpu.processors.goodput import GoodputConfig, GoodputProcessor
 from otel_gpu.schema import failure as F
+from otel_gpu.schema.failure import Kind, RootCause
 from otel_gpu.schema import identity as I
 from otel_gpu.schema import training as T
 
@@ -79,10 +81,9 @@ class _Job:
 
     def failure(self, kind: str, root_cause: str, onset: float, detected: float, rank: int,
                 restart: int = 0) -> dict:
-        record = {"kind": kind, "root_cause": root_cause, "category": "software", "action": "user_fix",
-                  "job_id": self.job_id, "onset_time": onset, "detected_time": detected, "confidence": 0.9,
-                  "culprit": {"rank": rank, "host": "node-a", "gpu": None}, "failure_id": f"{self.job_id}/{rank}",
-                  "version": 1, "evidence": [], "signature": f"{kind}/{root_cause}", "recurrence": 0}
+        """The attribution processor's failure event (the public record), down the pipeline."""
+        record = FailureRecord(Kind(kind), RootCause(root_cause), self.job_id, onset, detected, 0.9,
+                               Culprit(rank, "node-a"), failure_id=f"{self.job_id}/{rank}").to_dict()
         logs = LogsBuilder({str(I.JOB_ID): self.job_id, str(I.RESTART_COUNT): restart, "service.name": "otel-gpu"})
         logs.event(F.FAILURE_EVENT, record, time_ns=int(detected * 1e9))
         self._send(Signal.LOGS, logs.build())
@@ -199,9 +200,10 @@ def test_the_demos_hang_is_drawn_from_its_onset_and_no_other_where_the_ledger_ha
     assert b["other"] < 0.05 and b["hang"] > 10.0  # what `otel-gpu report` says: the hang, and nothing unexplained
     (failure,) = _read(folder, lambda conn: db.failures(conn, "demo-hang", None))
     tl = job_timeline("demo-hang", summary, [failure])
-    (hang,) = [s for s in tl.segments if s.kind == "hang"]
-    assert hang.t0 == pytest.approx(failure["onset_time"], abs=0.05)  # at its onset, not at its detection
-    assert hang.t1 == pytest.approx(tl.end, abs=0.05)
+    hang = [s for s in tl.segments if s.kind == "hang"]  # one, but for the record's onset rounded to the ms
+    assert hang[0].t0 == pytest.approx(failure["onset_time"], abs=0.05)  # at its onset, not at its detection
+    assert hang[-1].t1 == pytest.approx(tl.end, abs=0.05)
+    assert tl.drawn_s("hang") == pytest.approx(tl.end - hang[0].t0, abs=0.01)
     assert tl.drawn_s("other") < 0.05
     (marker,) = [m for m in tl.markers if m.kind == "failure"]
     assert marker.t == pytest.approx(failure["detected_time"]) and marker.label == "rank_not_in_collective"
@@ -252,7 +254,7 @@ def _png_header(data: bytes) -> tuple[int, int]:
 
 def test_png_is_drawn_by_matplotlib_with_a_legend_lanes_and_the_ledgers_widths(stores, tmp_path):
     pytest.importorskip("matplotlib", reason="the test extra installs it (the plot extra)")
-    from otel_gpu.plot import render_figure
+    from otel_gpu.commands.plot import render_figure
 
     folder, summary = stores["restart"]
     path = tmp_path / "goodput.png"
@@ -265,7 +267,8 @@ def test_png_is_drawn_by_matplotlib_with_a_legend_lanes_and_the_ledgers_widths(s
     (legend,) = fig.legends
     labels = [t.get_text() for t in legend.get_texts()]
     seconds = {"productive": summary["productive_time_s"], **summary["badput_s"]}
-    assert labels == [label for k, (_, _, label) in KINDS.items() if seconds[k] > 0] + ["failure detected", "restart"]
+    assert labels == [label for k, (_, _, label) in KINDS.items() if seconds[k] >= 0.05] + ["failure detected",
+                                                                                      "restart"]
     assert "restart gap" in labels and "checkpoint restore" in labels and "wasted progress" in labels
     (ax,) = fig.axes
     assert ax.get_title(loc="left").startswith("job demo-restart: ETTR ")
@@ -316,6 +319,6 @@ def test_text_from_telemetry_is_escaped_in_the_svg_and_plain_in_matplotlib(store
     root = ET.fromstring(render_svg([tl]))  # valid XML
     assert any(hostile.replace("\x01", "\ufffd") in (t.text or "") for t in root.iter(f"{SVG}text"))
     if pytest.importorskip("matplotlib", reason="the plot extra"):
-        from otel_gpu.plot import render_png
+        from otel_gpu.commands.plot import render_png
 
         assert render_png([tl, JobTimeline("empty", 0, 0, None, 0, 0)])[:8] == b"\x89PNG\r\n\x1a\n"

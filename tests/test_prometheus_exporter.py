@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from otel_gpu.collector.config import load_text
 from otel_gpu.collector.runtime import Collector, StartError
 from otel_gpu.collector.telemetry import PrometheusSelfTelemetry
-from otel_gpu.component import ComponentHost
+from otel_gpu.component import SELF_TELEMETRY_REGISTRY, ComponentHost
 from otel_gpu.config import ConfigError, build
 from otel_gpu.exporters.prometheus import PrometheusExporter, PrometheusExporterConfig
 from otel_gpu.pdata import Batch, Signal
@@ -73,7 +73,7 @@ def histogram(name, unit, bounds, counts, total, attrs=None, temporality=CUMULAT
 def make_exporter(**settings) -> tuple[PrometheusExporter, PrometheusSelfTelemetry]:
     telemetry = PrometheusSelfTelemetry()
     config = build(PrometheusExporterConfig, {"endpoint": "127.0.0.1:0", **settings}, "exporters.prometheus")
-    host = ComponentHost("prometheus", telemetry, services={"self_telemetry_registry": telemetry.registry})
+    host = ComponentHost("prometheus", telemetry, services={SELF_TELEMETRY_REGISTRY: telemetry.registry})
     exporter = PrometheusExporter(config, host)
     exporter.start()
     return exporter, telemetry

@@ -16,7 +16,7 @@ from opentelemetry.proto.metrics.v1 import metrics_pb2 as m
 
 from otel_gpu import schema
 from otel_gpu.exporters.prometheus._convert import MetricState
-from otel_gpu.schema._prom import prometheus_name, unit_suffix
+from otel_gpu.schema.prom import prometheus_name, unit_suffix
 
 G, C, U, H = "gauge", "counter", "updowncounter", "histogram"
 

@@ -106,7 +106,7 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 def otel_gpu_run_available() -> bool:
-    from otel_gpu.cli import build_parser
+    from otel_gpu.commands.cli import build_parser
 
     args = build_parser().parse_args(["run", "--", "true"])
     return getattr(args.func, "__name__", "") != "run" or "not_yet" not in repr(args.func)

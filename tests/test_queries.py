@@ -73,7 +73,7 @@ def exported_failure_span_attributes() -> set[str]:
     culprit is fully known, built by the processor's own code."""
     pytest.importorskip("otel_gpu.processors.attribution")
     from otel_gpu.processors.attribution import processor as attribution
-    from otel_gpu.processors.attribution._record import Culprit, FailureRecord
+    from otel_gpu.failure import Culprit, FailureRecord
 
     record = FailureRecord(kind=F.Kind.HANG, root_cause=F.RootCause.RANK_NOT_IN_COLLECTIVE, job_id="job-1",
                            onset_time=100.0, detected_time=109.0, confidence=0.9,
@@ -197,7 +197,7 @@ def _prometheus_names() -> set[str]:
 
 
 def test_promql_queries_use_schema_names_and_labels():
-    from otel_gpu.schema._prom import sanitize
+    from otel_gpu.schema.prom import sanitize
 
     queries = blocks("promql")
     assert len(queries) >= 10

@@ -23,7 +23,7 @@ import torch  # noqa: F401 - the job needs it; a missing torch must fail here, n
 
 from collector_proc import free_port, start_collector
 from otel_gpu.collector.config import DEFAULT_CONFIG_TEXT
-from otel_gpu.report import build_report
+from otel_gpu.commands.report import build_report
 
 HERE = Path(__file__).parent
 SCRIPT = HERE / "dist_jobs" / "plain_ddp.py"

@@ -13,13 +13,13 @@ import pytest
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
-from otel_gpu.cli import main as cli_main
+from otel_gpu.commands.cli import main as cli_main
 from otel_gpu.collector.telemetry import PrometheusSelfTelemetry
 from otel_gpu.component import ComponentHost
 from otel_gpu.config import build
 from otel_gpu.exporters.store import StoreExporter, StoreExporterConfig, db
 from otel_gpu.pdata import Batch, Signal
-from otel_gpu.report import main
+from otel_gpu.commands.report import main
 from otel_gpu.schema.failure import RECORD_KEYS
 
 HANG = {"kind": "hang", "root_cause": "rank_not_in_collective", "category": "software", "action": "user_fix",

@@ -15,7 +15,7 @@ from contextlib import closing
 import pytest
 
 from otel_gpu.exporters.store import db
-from otel_gpu.report import build_report, format_text
+from otel_gpu.commands.report import build_report, format_text
 from otel_gpu.testing.restart_rig import RestartRig, free_port
 
 HANG_TIMEOUT_S = 8.0

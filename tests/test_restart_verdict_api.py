@@ -147,7 +147,7 @@ def test_exclude_hook_gets_the_culprit_shell_quoted_and_gpu_is_left_out(tmp_path
 
 
 def test_tls_on_the_shared_server_and_device_states(tmp_path):
-    """The verdict API on otel_gpu.httpserver with TLS: the supervisor's client (CA file) reads failures and the
+    """The verdict API on otel_gpu.collector.httpserver with TLS: the supervisor's client (CA file) reads failures and the
     latest drained devices; a plaintext client gets nothing; a later state of a device supersedes."""
     import datetime
     import ipaddress
@@ -157,7 +157,7 @@ def test_tls_on_the_shared_server_and_device_states(tmp_path):
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import NameOID
 
-    from otel_gpu import httpserver
+    from otel_gpu.collector import httpserver
     from otel_gpu.schema import health as H
 
     key = ec.generate_private_key(ec.SECP256R1())

@@ -4,7 +4,8 @@ attr-engine's ce43b88 (no background known: only a burst counts; strength before
 """
 from __future__ import annotations
 
-from otel_gpu.processors.attribution._engine import Engine, EngineSettings
+from otel_gpu.processors.attribution._engine import Engine
+from otel_gpu.processors.attribution.config import AttributionConfig
 from otel_gpu.processors.attribution._evidence import DeviceEvidence, strongest
 from otel_gpu.processors.attribution._observations import (ExitSeen, Heartbeat, Identity, NicSample, StepSeen)
 
@@ -42,7 +43,7 @@ def test_background_symbol_errors_do_not_turn_a_sigkill_into_a_nic_fault():
     background rate needs 30 s of history before the window, so for a job younger than ~90 s of collector history
     (a fresh node, a node-agent restart, a slow start) no background is known and any 3 trickle errors blame the node.
     A trickle steady since the first sample is background; and a SIGKILL is no network symptom."""
-    engine = Engine(EngineSettings(crash_settle_s=0.5))
+    engine = Engine(AttributionConfig(crash_settle_s=0.5))
     trickle(engine, T0, T0 + 20)
     steps(engine, T0 + 2, T0 + 15)
     for r in range(WORLD):

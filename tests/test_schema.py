@@ -5,7 +5,7 @@ import re
 from pathlib import Path
 
 from otel_gpu import schema
-from otel_gpu.schema._prom import prometheus_name
+from otel_gpu.schema.prom import prometheus_name
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -31,7 +31,7 @@ from collector_proc import free_port, start_collector
 from otel_gpu.collector.config import load_default, load_text
 from otel_gpu.collector.registry import BUILTIN, load_factory
 from otel_gpu.collector.telemetry import PrometheusSelfTelemetry
-from otel_gpu.component import ComponentHost
+from otel_gpu.component import SELF_TELEMETRY_REGISTRY, ComponentHost
 from otel_gpu.config import ConfigError, build
 from otel_gpu.pdata import Batch, Signal
 
@@ -431,7 +431,7 @@ def test_prometheus_tls_and_basic_auth(pki, tmp_path):
     telemetry = PrometheusSelfTelemetry()
     telemetry.received("otlp", Signal.METRICS, 3)
     exporter = factory.create(cfg, ComponentHost("prometheus", telemetry,
-                                                 services={"self_telemetry_registry": telemetry.registry}))
+                                                 services={SELF_TELEMETRY_REGISTRY: telemetry.registry}))
     exporter.start()
     assert exporter.url.startswith("https://127.0.0.1:")
 

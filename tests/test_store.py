@@ -18,7 +18,7 @@ from opentelemetry.proto.metrics.v1 import metrics_pb2
 from otel_gpu.collector.config import load_text
 from otel_gpu.collector.runtime import Collector, StartError
 from otel_gpu.collector.telemetry import PrometheusSelfTelemetry
-from otel_gpu.component import ComponentHost
+from otel_gpu.component import FAILURE_HISTORY, ComponentHost
 from otel_gpu.config import ConfigError, build
 from otel_gpu.exporters.store import StoreExporter, StoreExporterConfig, db
 from otel_gpu.pdata import Batch, Signal
@@ -132,7 +132,7 @@ def test_goodput_keeps_latest_per_job_and_bounded_history(tmp_path):
 
 def test_recurrence_counts_across_jobs_queued_and_after_restart(tmp_path):
     exp, _, host = make(tmp_path, start=False)
-    history = host.services["failure_history"]  # published at construction, before start
+    history = host.services[FAILURE_HISTORY]  # published at construction, before start
     assert history.recurrence("sig-a") == 0 and history.record_count() == 0
     exp.export(logs_batch([("otel_gpu.failure", failure(job="j1"))]))
     assert history.recurrence("sig-a") == 1  # still queued: counted
@@ -148,7 +148,7 @@ def test_recurrence_counts_across_jobs_queued_and_after_restart(tmp_path):
         exp.shutdown()
     again, _, host2 = make(tmp_path)
     try:
-        assert host2.services["failure_history"].recurrence("sig-a") == 3
+        assert host2.services[FAILURE_HISTORY].recurrence("sig-a") == 3
     finally:
         again.shutdown()
 
@@ -156,7 +156,7 @@ def test_recurrence_counts_across_jobs_queued_and_after_restart(tmp_path):
 def test_recurrence_is_exact_while_the_writer_commits(tmp_path):
     """Every read sees each record exactly once (queued or stored), never twice, never zero times."""
     exp, _, host = make(tmp_path)
-    history = host.services["failure_history"]
+    history = host.services[FAILURE_HISTORY]
     errors = []
     try:
         for i in range(200):
@@ -309,7 +309,7 @@ exporters: {{store: {{path: "{tmp_path / 'c'}"}}}}
 service:
   pipelines: {{logs: {{receivers: [otlp], exporters: [store]}}, traces: {{receivers: [otlp], exporters: [store]}}}}
 """))
-    assert "failure_history" in collector.services
+    assert FAILURE_HISTORY in collector.services
     collector.start()
     try:
         receiver = collector.component("receiver", "otlp")

@@ -18,10 +18,11 @@ import threading
 import time
 from typing import Any
 
-from otel_gpu.collector._serve import HttpEndpoint
+from otel_gpu.collector.httpserver import HttpEndpoint
 from otel_gpu.collector.config import CollectorConfig, ComponentSpec
 from otel_gpu.collector.telemetry import PrometheusSelfTelemetry
-from otel_gpu.component import Component, ComponentHost, Consumer, Exporter, ExportResult, LogOnce, Processor
+from otel_gpu.component import (READY, SELF_TELEMETRY_REGISTRY, Component, ComponentHost, Consumer, ExportResult, Exporter,
+                                LogOnce, Processor, ServiceKey, Services)
 from otel_gpu.pdata import Batch, Signal
 
 __all__ = ["Collector", "StartError"]
@@ -100,12 +101,12 @@ class Collector:
     """A running set of pipelines. Thread-safe ``start`` / ``shutdown``; ``wait`` blocks until shut down."""
 
     def __init__(self, config: CollectorConfig, *, telemetry: PrometheusSelfTelemetry | None = None,
-                 services: dict[str, Any] | None = None):
+                 services: dict[ServiceKey[Any], Any] | None = None):
         self.config = config
         self.telemetry = telemetry or PrometheusSelfTelemetry()
         self._ready = threading.Event()
-        self.services: dict[str, Any] = {"self_telemetry_registry": self.telemetry.registry,
-                                         "ready": self._ready.is_set, **(services or {})}
+        self.services = Services({SELF_TELEMETRY_REGISTRY: self.telemetry.registry, READY: self._ready.is_set,
+                                  **(services or {})})
         self._telemetry_endpoints: list[HttpEndpoint] = []
         self._components: dict[str, Component] = {}  # "<kind>:<id>" -> instance
         self._hosts: dict[str, ComponentHost] = {}

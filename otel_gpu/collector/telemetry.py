@@ -5,7 +5,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from otel_gpu.pdata import Signal
 from otel_gpu.schema import collector as names
-from otel_gpu.schema._prom import sanitize
+from otel_gpu.schema.prom import sanitize
 from otel_gpu.schema.identity import COMPONENT, SIGNAL
 
 __all__ = ["PrometheusSelfTelemetry"]

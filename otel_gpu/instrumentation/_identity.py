@@ -68,9 +68,9 @@ def _int_env(name: str) -> int | None:
 
 
 def job_id_from_env(explicit: str | None = None) -> str:
-    """The job id (``otel_gpu.jobid.resolve``: OTEL_GPU_JOB_ID, torchrun's run id, Slurm, Kubernetes), else a
+    """The job id (``otel_gpu.instrumentation.jobid.resolve``: OTEL_GPU_JOB_ID, torchrun's run id, Slurm, Kubernetes), else a
     provisional one shared with the processes this one starts (the ranks then agree on rank 0's at their rendezvous)."""
-    from otel_gpu import jobid
+    from otel_gpu.instrumentation import jobid
 
     found = explicit or (jobid.resolve() or jobid.JobId("", "")).value
     if found:

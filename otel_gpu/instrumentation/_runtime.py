@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 
-from otel_gpu import jobid
+from otel_gpu.instrumentation import jobid
 from otel_gpu.instrumentation import _export, _flight, _hot, _metrics, _pbenc, _registry
 from otel_gpu.instrumentation._crash import CrashHooks, classify
 from otel_gpu.instrumentation._hot import NS, STEP

@@ -18,19 +18,47 @@ class MetricType(str, enum.Enum):
     HISTOGRAM = "histogram"
 
 
-@dataclass(frozen=True)
-class Attr:
-    """An attribute key. ``str(attr)`` is its name, so ``{schema.RANK: 3}`` reads naturally."""
+class Attr(str):
+    """An attribute key: the string of its name, carrying its type and description.
 
-    name: str
+    Being a ``str``, it goes wherever a key goes (``{identity.RANK: 3}``, ``kv.key = identity.RANK``, JSON) without
+    ``str()``, and compares and hashes as its name. Frozen, like the other definitions.
+
+    >>> rank = Attr("training.rank", "int", "Global rank.")
+    >>> rank == "training.rank", {rank: 3}["training.rank"], rank.type, f"{rank}"
+    (True, 3, 'int', 'training.rank')
+    """
+
     type: str  # "string" | "int" | "double" | "bool" | "string[]" | ...
     description: str
-    group: str = ""
-    values: tuple[str, ...] = ()
-    semconv: bool = False  # defined by the OpenTelemetry semantic conventions
+    group: str
+    values: tuple[str, ...]
+    semconv: bool  # defined by the OpenTelemetry semantic conventions
 
-    def __str__(self) -> str:
-        return self.name
+    def __new__(cls, name: str, type: str, description: str, group: str = "", values: tuple[str, ...] = (),
+                semconv: bool = False) -> Attr:
+        self = super().__new__(cls, name)
+        for key, value in (("type", type), ("description", description), ("group", group),
+                           ("values", tuple(values)), ("semconv", semconv)):
+            object.__setattr__(self, key, value)
+        return self
+
+    def __setattr__(self, key: str, value) -> None:
+        raise AttributeError(f"schema attribute {str.__str__(self)!r} is frozen")
+
+    def __getnewargs__(self):
+        return (str.__str__(self), self.type, self.description, self.group, self.values, self.semconv)
+
+    @property
+    def name(self) -> str:
+        return str.__str__(self)
+
+    def definition(self) -> tuple:
+        """Everything that defines it (two definitions of one name must agree)."""
+        return (self.name, self.type, self.description, self.group, self.values, self.semconv)
+
+    def __repr__(self) -> str:
+        return f"Attr({self.name!r}, {self.type!r})"
 
 
 @dataclass(frozen=True)
@@ -52,7 +80,7 @@ class Metric:
     @property
     def prometheus_name(self) -> str:
         """The name the Prometheus exporter exposes, following OpenTelemetry's Prometheus compatibility rules."""
-        from otel_gpu.schema._prom import prometheus_name
+        from otel_gpu.schema.prom import prometheus_name
 
         return prometheus_name(self.name, self.unit, self.type)
 
@@ -94,13 +122,17 @@ class Registry:
 
     def _add(self, table: dict, item):
         existing = table.get(item.name)
-        if existing is not None and existing != item:
+        if existing is not None and _definition(existing) != _definition(item):
             raise ValueError(f"schema: {item.name!r} is defined twice with different definitions")
         table[item.name] = item
         return item
 
 
 REGISTRY = Registry()
+
+
+def _definition(item) -> object:
+    return item.definition() if isinstance(item, Attr) else item
 
 
 def attr(name: str, type: str, description: str, *, group: str = "", values=(), semconv: bool = False) -> Attr:

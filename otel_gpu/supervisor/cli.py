@@ -18,7 +18,7 @@ def _problems(prefix: str, problems: list[str]) -> int:
 
 
 def run_supervised(args: argparse.Namespace) -> int:
-    from otel_gpu.launcher import resolve_job_id, run
+    from otel_gpu.instrumentation.launcher import resolve_job_id, run
     from otel_gpu.supervisor import Supervisor, load_policy
     from otel_gpu.supervisor._verdict import default_url
     from otel_gpu.supervisor.policy import parse_duration
@@ -48,7 +48,7 @@ def run_supervised(args: argparse.Namespace) -> int:
     if not cmd:
         print("otel-gpu run: no command given (usage: otel-gpu run [--restart auto] -- CMD ...)", file=sys.stderr)
         return 2
-    if args.restart == "never":  # run() finds the job id itself, or lets the ranks agree on one (otel_gpu.jobid)
+    if args.restart == "never":  # run() finds the job id itself, or lets the ranks agree on one (otel_gpu.instrumentation.jobid)
         return run(cmd, endpoint=args.endpoint, job_id=getattr(args, "job_id", None))
     job_id = resolve_job_id(getattr(args, "job_id", None), cmd)
     url = args.verdict_url or policy.verdict.url or default_url(args.endpoint)

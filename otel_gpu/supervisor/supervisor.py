@@ -60,7 +60,7 @@ class Decision:
 
 
 class Supervisor:
-    """Runs ``cmd`` (under :class:`otel_gpu.launcher.Launch`) until it succeeds, or the policy says stop."""
+    """Runs ``cmd`` (under :class:`otel_gpu.instrumentation.launcher.Launch`) until it succeeds, or the policy says stop."""
 
     def __init__(self, cmd: list[str], mode: str, policy: Policy, endpoint: str | None, job_id: str,
                  verdict_url: str, out: TextIO | None = None, verdict_token: str | None = None,
@@ -241,21 +241,19 @@ class Supervisor:
         self.decisions.append(decision)
         print(decision.line(), file=self.out, flush=True)
         try:
-            from otel_gpu.instrumentation import _export
+            from otel_gpu.instrumentation.launcher import send_event
             from otel_gpu.schema import identity as ids
             from otel_gpu.schema import training as tr
 
             body = {k: v for k, v in asdict(decision).items() if v is not None}
-            req = _export.logs_request(_export.make_resource(launch.identity.attributes()),
-                                       [(tr.RESTART_EVENT.name, time.time_ns(), {str(ids.JOB_ID): self.job_id}, body,
-                                         _export.INFO if decision.decision == "done" else _export.WARN)])
-            launch.client.send_logs(req)
+            send_event(launch, tr.RESTART_EVENT.name, {str(ids.JOB_ID): self.job_id}, body,
+                       warning=decision.decision != "done")
         except Exception:  # noqa: BLE001 - the decision stands even if it cannot be exported
             _logger.debug("could not export the decision", exc_info=True)
 
     # -- the loop --------------------------------------------------------------------------------------------------
     def run(self) -> int:
-        from otel_gpu.launcher import Launch, forward_signals, restore_signals
+        from otel_gpu.instrumentation.launcher import Launch, forward_signals, restore_signals
 
         become_subreaper()
         if not self.client.healthy():
@@ -480,7 +478,7 @@ def _first_cause(records: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _diagnosis(record: dict[str, Any]) -> str:
-    from otel_gpu.report import format_failure
+    from otel_gpu.commands.report import format_failure
 
     return format_failure(record)
 
@@ -517,10 +515,9 @@ def _drained_text(entries: list[dict[str, Any]]) -> str:
 def _this_host() -> str | None:
     """This host's name as the instrumentation reports it (host.name from OTEL_RESOURCE_ATTRIBUTES, else ...)."""
     try:
-        from otel_gpu.instrumentation._identity import Identity
-        from otel_gpu.instrumentation.config import InstrumentationConfig
+        from otel_gpu.instrumentation.launcher import this_host
 
-        return Identity("-", None, InstrumentationConfig.from_env(dict(os.environ)).resource_attributes).host
+        return this_host()
     except Exception:  # noqa: BLE001 - unknown host: the drained-device query asks for all hosts
         return None
 

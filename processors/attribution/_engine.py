@@ -22,47 +22,27 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
-from dataclasses import dataclass
 
 from otel_gpu.processors.attribution import _crash, _hang, _slowdown
 from otel_gpu.processors.attribution._evidence import REVISE_FOR_S, DeviceEvidence, strongest
 from otel_gpu.processors.attribution._observations import (ExceptionSeen, ExitSeen, GpuSample, Heartbeat, Identity,
                                                            NicSample, SpanSeen, Stacks, StepSeen, XidSeen)
-from otel_gpu.processors.attribution._record import Culprit, FailureRecord
+from otel_gpu.failure import Culprit, FailureRecord
 from otel_gpu.processors.attribution._state import JobState, OpenVerdict, RankState, merge_identity
 from otel_gpu.processors.attribution._types import Fault, Finding
+from otel_gpu.processors.attribution.config import AttributionConfig
 from otel_gpu.schema.failure import Kind, RootCause
 
-__all__ = ["Engine", "EngineSettings"]
+__all__ = ["Engine"]
 
 _logger = logging.getLogger(__name__)
-
-
-@dataclass
-class EngineSettings:
-    hang_timeout_s: float = 15.0
-    hang_step_factor: float = 5.0  # the hang timeout is at least this many median step times
-    heartbeat_timeout_s: float = 8.0  # a rank silent this long (with others stuck) is treated as gone
-    crash_settle_s: float = 0.5  # wait this long for the other ranks' reports; a later first cause revises
-    slowdown_ratio: float = 1.5
-    slowdown_min_excess_s: float = 0.05
-    slowdown_warmup_steps: int = 5
-    slowdown_window: int = 30
-    slowdown_confirm: int = 3  # slow steps among the last slowdown_confirm + 1 to declare a slowdown
-    checkpoint_stall_s: float = 10.0  # a blocking checkpoint longer than this (and 3x its usual) is a stall
-    checkpoint_timeout_s: float = 600.0  # a rank saving a checkpoint while its peers wait is busy until this long
-    stack_grace_s: float = 3.0  # how long a hang decision may wait for the culprit's stack
-    startup_timeout_s: float = 120.0  # peers may wait this long for a rank that has not started any collective yet
-    job_idle_evict_s: float = 3600.0
-    max_jobs: int = 1000
-    max_ranks_per_job: int = 65536
 
 
 class Engine:
     """Keeps state and produces :class:`FailureRecord` objects (new ones and revisions) from :meth:`tick`."""
 
-    def __init__(self, settings: EngineSettings | None = None):
-        self.settings = settings or EngineSettings()
+    def __init__(self, settings: AttributionConfig | None = None):
+        self.settings = settings or AttributionConfig()
         self.jobs: dict[str, JobState] = {}
         self.devices = DeviceEvidence()
         self._pending: list[FailureRecord] = []

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from otel_gpu.processors.attribution._observations import (ExceptionSeen, ExitSeen, Heartbeat, Identity, Stacks,
                                                            StepSeen)
-from otel_gpu.processors.attribution._record import FailureRecord
+from otel_gpu.failure import FailureRecord
 from otel_gpu.processors.attribution._types import Finding
 from otel_gpu.schema.failure import RootCause
 

@@ -31,13 +31,21 @@ class AttributionConfig:
     #: Peers waiting in their first collectives for a rank that has not started any yet (still importing, loading its
     #: data set, building its model) make a hang only after this long.
     startup_timeout_s: float = 120.0
+    #: Slow steps among the last slowdown_confirm + 1 that declare a slowdown.
+    slowdown_confirm: int = 3
     tick_interval_s: float = 0.5
     #: host.name for hardware metrics that carry none (a single-node collector).
     default_host: str = ""
+    #: Bounds of the state kept: a job silent this long is forgotten; at most max_jobs jobs and max_ranks_per_job
+    #: ranks per job are tracked (the oldest job is evicted first; ranks past the bound are ignored).
+    job_idle_evict_s: float = 3600.0
+    max_jobs: int = 1000
+    max_ranks_per_job: int = 65536
 
     def validate(self) -> None:
         for key in ("hang_timeout_s", "heartbeat_timeout_s", "tick_interval_s", "checkpoint_stall_s",
-                    "checkpoint_timeout_s", "startup_timeout_s"):
+                    "checkpoint_timeout_s", "startup_timeout_s", "job_idle_evict_s", "slowdown_confirm",
+                    "max_jobs", "max_ranks_per_job"):
             if getattr(self, key) <= 0:
                 raise ValueError(f"{key} must be > 0 (got {getattr(self, key)})")
         if self.crash_settle_s < 0 or self.crash_settle_s > 2.5:

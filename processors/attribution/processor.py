@@ -19,13 +19,13 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 
-from otel_gpu.component import Processor
+from otel_gpu.component import DEVICE_HEALTH, FAILURE_HISTORY, Processor
 from otel_gpu.otlp_build import LogsBuilder, MetricsBuilder, SpansBuilder, attributes, merge
 from otel_gpu.pdata import Batch, Signal, attributes_dict, body_object, number_points, point_value
-from otel_gpu.processors.attribution._engine import Engine, EngineSettings
+from otel_gpu.processors.attribution._engine import Engine
 from otel_gpu.processors.attribution._observations import (ExceptionSeen, ExitSeen, GpuSample, Heartbeat, Identity,
                                                            Inflight, NicSample, SpanSeen, Stacks, StepSeen, XidSeen)
-from otel_gpu.processors.attribution._record import FailureRecord
+from otel_gpu.failure import FailureRecord
 from otel_gpu.schema import failure as F
 from otel_gpu.schema import gpu as G
 from otel_gpu.schema import identity as I
@@ -140,13 +140,7 @@ class AttributionProcessor(Processor):
 
     def __init__(self, config, host):
         super().__init__(config, host)
-        self.engine = Engine(EngineSettings(
-            hang_timeout_s=config.hang_timeout_s, hang_step_factor=config.hang_step_factor,
-            heartbeat_timeout_s=config.heartbeat_timeout_s, crash_settle_s=config.crash_settle_s,
-            slowdown_ratio=config.slowdown_ratio, slowdown_min_excess_s=config.slowdown_min_excess_s,
-            slowdown_warmup_steps=config.slowdown_warmup_steps, checkpoint_stall_s=config.checkpoint_stall_s,
-            checkpoint_timeout_s=config.checkpoint_timeout_s, stack_grace_s=config.stack_grace_s,
-            startup_timeout_s=config.startup_timeout_s))
+        self.engine = Engine(config)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._wake = threading.Event()  # set when a crash incident opens: its decision falls due before a tick
@@ -417,7 +411,7 @@ class AttributionProcessor(Processor):
 
     # -- output --------------------------------------------------------------------------------------------------------
     def _publish(self, record: FailureRecord) -> None:
-        history = self.host.services.get("failure_history")
+        history = self.host.services.get(FAILURE_HISTORY)
         if history is not None and (record.version == 1 or record.previous_root_cause is not None):
             try:
                 record.recurrence = int(history.recurrence(record.signature))
@@ -453,7 +447,7 @@ class AttributionProcessor(Processor):
         """Device health (issue 15): asks the health processor's shared service, when one runs, what it knows of the
         culprit's GPU and node; adds that history to the evidence, raises confidence in a hardware cause for a device
         already in watch/drain, and names a recurring culprit (third failure on the same device)."""
-        health = self.host.services.get("device_health")
+        health = self.host.services.get(DEVICE_HEALTH)
         if health is None:
             return
         try:

@@ -4,7 +4,7 @@ against each device's own baseline, marks devices healthy / watch / drain by the
 - metrics ``otel_gpu.device.health`` (1 for the current state) and ``otel_gpu.device.health.score``, every
   ``evaluate_interval_s``, into the metrics pipelines after this processor;
 - an ``otel_gpu.device.state_change`` event when a device changes state (or is first seen), which the store keeps;
-- ``host.services["device_health"]`` (:class:`DeviceHealthService`) for other components: the attribution processor
+- ``host.services.get(DEVICE_HEALTH)`` (:class:`DeviceHealthService`) for other components: the attribution processor
   asks it about the devices of a failure (``failure_context``); anything may read ``states()``.
 
 Batches pass through unchanged. A node's metrics are read once per ``sample_interval_s``; the batches in between
@@ -17,7 +17,7 @@ import threading
 import time
 from typing import Any
 
-from otel_gpu.component import Processor
+from otel_gpu.component import DEVICE_HEALTH, DEVICE_HISTORY, Processor
 from otel_gpu.otlp_build import LogsBuilder, MetricsBuilder, Series, attributes
 from otel_gpu.pdata import Batch, Signal, attribute, attributes_dict, number_points, point_value
 from otel_gpu.processors.health._engine import HealthEngine, StateChange
@@ -87,7 +87,7 @@ class _GpuAcc:
 
 
 class DeviceHealthService:
-    """``host.services["device_health"]``: the health processor's verdicts for other components. Thread-safe.
+    """``host.services.get(DEVICE_HEALTH)``: the health processor's verdicts for other components. Thread-safe.
 
     Returns plain data only, so that callers never depend on this package's types.
     """
@@ -130,13 +130,13 @@ class HealthProcessor(Processor):
         self._last_recurrence = float("-inf")
         self.changes: list[dict[str, Any]] = []  # recent state changes, newest last (bounded; tests, debugging)
         self.service = DeviceHealthService(self)
-        if "device_health" in host.services:
+        if DEVICE_HEALTH in host.services:
             _logger.warning("more than one health processor: device_health now serves %s", host.component_id)
-        host.services["device_health"] = self.service
+        host.services.publish(DEVICE_HEALTH, self.service)
 
     # -- lifecycle -------------------------------------------------------------------------------------------------
     def start(self) -> None:
-        history = self.host.services.get("device_history")
+        history = self.host.services.get(DEVICE_HISTORY)
         if history is not None:
             try:
                 rows = history.device_states()
@@ -398,7 +398,7 @@ class HealthProcessor(Processor):
         return mb.build()
 
     def _refresh_recurrence(self, now: float) -> None:
-        history = self.host.services.get("device_history")
+        history = self.host.services.get(DEVICE_HISTORY)
         if history is None or now - self._last_recurrence < 60.0:
             return
         self._last_recurrence = now
@@ -441,7 +441,7 @@ class HealthProcessor(Processor):
                 why = dev.hits[0].evidence if dev.hits else ""
                 evidence.append(f"device {did} was {dev.state.value} since @{dev.since:.0f} ({why})")
                 boost = max(boost, 0.15 if dev.state is H.DeviceState.DRAIN else 0.1)
-        history = self.host.services.get("device_history")
+        history = self.host.services.get(DEVICE_HISTORY)
         recurring = None
         if history is not None and ids:
             try:

@@ -6,7 +6,7 @@ Like the OpenTelemetry Collector's memory_limiter: every ``check_interval`` it r
 also runs the garbage collector (and glibc's ``malloc_trim``). Batches that already passed a receiver go through
 unchanged: refusing at the door tells the client to retry, dropping later would lose data it was told was delivered.
 
-How a receiver asks: the processor publishes a check in ``host.services["admission"]``, a list of callables
+How a receiver asks: the processor publishes a check under ``ADMISSION`` (:mod:`otel_gpu.component`), one of a list of callables
 ``() -> float | None`` (``None``: accept; a number: refuse and tell the client to retry after that many seconds).
 A receiver calls each before it reads or parses a request; receivers and processors never import each other::
 

@@ -2,12 +2,12 @@
 
 Example:
     >>> from otel_gpu.collector.telemetry import PrometheusSelfTelemetry
-    >>> from otel_gpu.component import ComponentHost
+    >>> from otel_gpu.component import ADMISSION, ComponentHost
     >>> from otel_gpu.processors.memory_limiter import MemoryLimiterConfig, MemoryLimiterProcessor
     >>> cfg = MemoryLimiterConfig(limit_mib=1 << 20); cfg.validate()
     >>> host = ComponentHost("memory_limiter", PrometheusSelfTelemetry())
     >>> limiter = MemoryLimiterProcessor(cfg, host)
-    >>> limiter.start(); host.services["admission"][0]() is None     # far below a 1 TiB limit: accept
+    >>> limiter.start(); host.services.get(ADMISSION)[0]() is None     # far below a 1 TiB limit: accept
     True
     >>> limiter.shutdown()
 """
@@ -22,7 +22,7 @@ import threading
 import time
 from pathlib import Path
 
-from otel_gpu.component import ComponentHost, Processor
+from otel_gpu.component import ADMISSION, ComponentHost, Processor
 from otel_gpu.pdata import Batch
 from otel_gpu.processors.memory_limiter.config import MemoryLimiterConfig
 
@@ -79,7 +79,7 @@ def _malloc_trim():
 
 
 class MemoryLimiterProcessor(Processor):
-    """Publishes :meth:`refusal` in ``host.services["admission"]``; ``process`` passes batches through."""
+    """Publishes :meth:`refusal` in ``host.services.get(ADMISSION)``; ``process`` passes batches through."""
 
     config: MemoryLimiterConfig
 
@@ -104,7 +104,7 @@ class MemoryLimiterProcessor(Processor):
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._trim = _malloc_trim()
-        host.services.setdefault("admission", []).append(self.refusal)
+        host.services.publish(ADMISSION, self.refusal)
 
     def refusal(self) -> float | None:
         """None when new data may be accepted; else the seconds a client should wait before retrying.

@@ -4,11 +4,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from otel_gpu import backends
+from otel_gpu.collector import backends
 
 __all__ = ["NvmlReceiverConfig", "BACKENDS"]
 
-#: The built-in backends; others registered in :mod:`otel_gpu.backends` are accepted too.
+#: The built-in backends; others registered in :mod:`otel_gpu.collector.backends` are accepted too.
 BACKENDS = ("auto", "nvml", "fake")
 
 
@@ -19,7 +19,7 @@ class NvmlReceiverConfig:
     Attributes:
         backend: ``auto`` (real NVML through nvidia-ml-py; without a driver the receiver says so once and stays idle),
             ``nvml`` (the same, named explicitly), ``fake`` (the fake NVML driven by ``scenario``) or another name
-            registered in :mod:`otel_gpu.backends`.
+            registered in :mod:`otel_gpu.collector.backends`.
         scenario: YAML/JSON scenario file of the fake backend (required with ``backend: fake``).
         interval_s: seconds between polls.
         nvlink_interval_s: seconds between reads of NVLink state and error counters (up to 18 links x 6 calls per

@@ -1,7 +1,7 @@
 """The nvml receiver: polls GPU health through an NVML backend and reports XID errors from NVML's event set.
 
 The backend is the ``pynvml`` module (nvidia-ml-py) or the fake NVML, chosen by ``backend:`` through
-:mod:`otel_gpu.backends`; this code calls the same functions on either. Every read goes through
+:mod:`otel_gpu.collector.backends`; this code calls the same functions on either. Every read goes through
 :meth:`NvmlReceiver._call`, which turns NVML errors into "not available" for that field on that GPU (logged once), so
 one unsupported field never costs the others.
 """
@@ -13,7 +13,7 @@ import threading
 import time
 from typing import Any
 
-from otel_gpu import backends
+from otel_gpu.collector import backends
 from otel_gpu.component import ComponentHost, Receiver, run_polling
 from otel_gpu.otlp_build import LogsBuilder, MetricsBuilder, Series, attributes
 from otel_gpu.pdata import Batch, Signal

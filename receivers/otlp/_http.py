@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler
 
 from google.rpc import status_pb2
 
-from otel_gpu import httpserver
+from otel_gpu.collector import httpserver
 from otel_gpu.pdata import Batch, MalformedBatch, Signal
 from otel_gpu.receivers.otlp._grpc import PipelineRefused
 

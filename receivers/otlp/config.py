@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from otel_gpu.security import BearerAuthConfig, ServerTlsConfig
+from otel_gpu.collector.security import BearerAuthConfig, ServerTlsConfig
 
 __all__ = ["GrpcServerConfig", "HttpServerConfig", "OtlpReceiverConfig", "ProtocolsConfig", "split_endpoint"]
 

@@ -19,8 +19,8 @@ from __future__ import annotations
 import logging
 import threading
 
-from otel_gpu.security import BearerChecker, grpc_server_credentials, server_ssl_context
-from otel_gpu.component import Receiver
+from otel_gpu.collector.security import BearerChecker, grpc_server_credentials, server_ssl_context
+from otel_gpu.component import ADMISSION, Receiver
 from otel_gpu.pdata import Batch, MalformedBatch, Signal
 from otel_gpu.receivers.otlp._grpc import GrpcServer, PipelineRefused
 from otel_gpu.receivers.otlp._ids import check_ids
@@ -84,9 +84,9 @@ class OtlpReceiver(Receiver):
             raise PipelineRefused(f"the {batch.signal.value} pipeline could not take the batch: {exc}") from None
 
     def admit(self, signal: Signal) -> float | None:
-        """Asks every admission check (``host.services["admission"]``, e.g. the memory_limiter's) before a request
+        """Asks every admission check (``host.services.get(ADMISSION)``, e.g. the memory_limiter's) before a request
         is read or parsed: None to accept, else the retry delay in seconds. A refusal counts 1 refused request."""
-        for check in self.host.services.get("admission", ()):
+        for check in self.host.services.get(ADMISSION):
             try:
                 delay = check()
             except Exception:  # noqa: BLE001 - a broken check must not refuse everything

@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from otel_gpu import backends
+from otel_gpu.collector import backends
 
 __all__ = ["XidReceiverConfig"]
 

@@ -14,7 +14,7 @@ import threading
 import time
 from typing import Any
 
-from otel_gpu import backends
+from otel_gpu.collector import backends
 from otel_gpu.component import ComponentHost, Receiver
 from otel_gpu.otlp_build import LogsBuilder, attributes
 from otel_gpu.pdata import Batch, Signal

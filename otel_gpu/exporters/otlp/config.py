@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from otel_gpu.security import BearerAuthConfig, ClientTlsConfig
+from otel_gpu.collector.security import BearerAuthConfig, ClientTlsConfig
 
 __all__ = ["OtlpExporterConfig", "OtlpHttpExporterConfig", "PersistentQueueConfig", "QueueConfig", "RetryConfig",
            "TlsConfig"]
@@ -80,7 +80,7 @@ class QueueConfig:
 
 
 # ``tls``: insecure, ca_file, cert_file + key_file (client certificate for mTLS), insecure_skip_verify,
-# server_name_override. One class for every client of ours (see otel_gpu.security).
+# server_name_override. One class for every client of ours (see otel_gpu.collector.security).
 TlsConfig = ClientTlsConfig
 
 

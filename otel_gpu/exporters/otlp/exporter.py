@@ -34,7 +34,7 @@ from urllib.parse import urlsplit
 import grpc
 from google.rpc import error_details_pb2, status_pb2
 
-from otel_gpu.security import read_optional
+from otel_gpu.collector.security import read_optional
 from otel_gpu.exporters.otlp._queued import Attempt, QueuedExporter
 from otel_gpu.pdata import Signal
 

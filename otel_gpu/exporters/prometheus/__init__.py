@@ -2,7 +2,7 @@
 
 OTLP metrics become Prometheus series by the reference translation that Prometheus and the OpenTelemetry Collector
 share (``hw.power`` in W -> ``hw_power_watts``; monotonic sums -> ``*_total`` counters; ``_ratio`` only for gauges in
-unit ``1``; explicit-bucket histograms -> histograms; see :mod:`otel_gpu.schema._prom`). Data point attributes become
+unit ``1``; explicit-bucket histograms -> histograms; see :mod:`otel_gpu.schema.prom`). Data point attributes become
 labels; resources become ``job``/``instance`` labels and a ``target_info`` series, and the promoted resource
 attributes (job id, host, rank, GPU) stay labels of every series (``resource_to_telemetry_conversion`` is off by
 default, as in the Collector). Series not updated for ``metric_expiration`` disappear.

@@ -29,7 +29,7 @@ from prometheus_client.utils import floatToGoString
 
 from otel_gpu.component import LogOnce
 from otel_gpu.pdata import point_value, to_python
-from otel_gpu.schema._prom import prometheus_name
+from otel_gpu.schema.prom import prometheus_name
 
 __all__ = ["MetricState"]
 

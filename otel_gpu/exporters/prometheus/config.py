@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from otel_gpu.security import BasicAuthConfig, ServerTlsConfig
+from otel_gpu.collector.security import BasicAuthConfig, ServerTlsConfig
 from otel_gpu.schema.identity import PROMOTED_RESOURCE_ATTRIBUTES
 
 __all__ = ["PrometheusExporterConfig", "parse_endpoint"]

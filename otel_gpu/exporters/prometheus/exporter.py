@@ -9,9 +9,9 @@ from wsgiref.simple_server import WSGIRequestHandler
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
-from otel_gpu import httpserver
-from otel_gpu.security import BasicAuthChecker, server_ssl_context
-from otel_gpu.component import ComponentHost, Exporter, ExportResult
+from otel_gpu.collector import httpserver
+from otel_gpu.collector.security import BasicAuthChecker, server_ssl_context
+from otel_gpu.component import SELF_TELEMETRY_REGISTRY, ComponentHost, ExportResult, Exporter
 from otel_gpu.exporters.prometheus._convert import MetricState
 from otel_gpu.exporters.prometheus.config import PrometheusExporterConfig, parse_endpoint
 from otel_gpu.pdata import Batch, Signal
@@ -64,7 +64,7 @@ class PrometheusExporter(Exporter):
                                  promote=config.promote_resource_attributes)
         self.registry = _registry()
         self.registry.register(self.state)
-        self_telemetry = host.services.get("self_telemetry_registry")
+        self_telemetry = host.services.get(SELF_TELEMETRY_REGISTRY)
         if self_telemetry is not None:
             self.registry.register(_Forward(self_telemetry))
         self._metrics_app = make_wsgi_app(self.registry)

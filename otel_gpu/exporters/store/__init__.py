@@ -8,7 +8,7 @@ SQLite (WAL) in ``<path>/otel-gpu.db``, written by the exporter's own thread fro
 - jobs seen in resource attributes (``training.job.id``, ``host.name``, ``training.rank``,
   ``training.world_size``): first and last seen, distinct ranks and hosts.
 
-It publishes ``host.services["failure_history"]`` (:class:`FailureHistory`: ``recurrence(signature)``,
+It publishes the service ``FAILURE_HISTORY`` (:mod:`otel_gpu.component`) (:class:`FailureHistory`: ``recurrence(signature)``,
 ``record_count()``) for the attribution processor.
 
 Example config::

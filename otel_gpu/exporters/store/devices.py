@@ -275,7 +275,7 @@ def device_events(conn: sqlite3.Connection, device_id: str | None = None, limit:
 
 # -- the service -----------------------------------------------------------------------------------------------------
 class DeviceHistory:
-    """``host.services["device_history"]``: device states and per-device recurrence from the store, counting the
+    """``host.services.get(DEVICE_HISTORY)``: device states and per-device recurrence from the store, counting the
     failures still queued for it, so that two failures moments apart see each other. Thread-safe."""
 
     def __init__(self, folder: str | Path, opener: Any):

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from otel_gpu.component import ComponentHost, Exporter, ExportResult
+from otel_gpu.component import DEVICE_HISTORY, FAILURE_HISTORY, ComponentHost, ExportResult, Exporter
 from otel_gpu.exporters.store import db
 from otel_gpu.exporters.store import devices as device_store
 from otel_gpu.exporters.store.config import StoreExporterConfig
@@ -69,7 +69,7 @@ class _JobSeen:
 
 
 class FailureHistory:
-    """``host.services["failure_history"]``: how often a failure signature was recorded, for the attribution processor.
+    """``host.services.get(FAILURE_HISTORY)``: how often a failure signature was recorded, for the attribution processor.
 
     Counts what the store holds plus what is queued for it, so that two failures moments apart see each other.
     Thread-safe; reads through its own connection.
@@ -155,11 +155,11 @@ class StoreExporter(Exporter):
         super().__init__(config, host)
         self.path = Path(config.path)
         self.history = FailureHistory(self.path)
-        if "failure_history" in host.services:
+        if FAILURE_HISTORY in host.services:
             _logger.warning("more than one store exporter: failure_history now reads %s", self.path)
-        host.services["failure_history"] = self.history
+        host.services.publish(FAILURE_HISTORY, self.history)
         self.devices = device_store.DeviceHistory(self.path, db.open_reader)  # device history (health processor)
-        host.services["device_history"] = self.devices
+        host.services.publish(DEVICE_HISTORY, self.devices)
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=config.queue_size)
         self._jobs_lock = threading.Lock()
         self._jobs: dict[str, _JobSeen] = {}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from otel_gpu.security import BearerAuthConfig, ServerTlsConfig
+from otel_gpu.collector.security import BearerAuthConfig, ServerTlsConfig
 
 __all__ = ["DEFAULT_PORT", "VerdictExporterConfig", "parse_endpoint"]
 

@@ -10,8 +10,8 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from otel_gpu import httpserver
-from otel_gpu.security import BearerChecker, server_ssl_context
+from otel_gpu.collector import httpserver
+from otel_gpu.collector.security import BearerChecker, server_ssl_context
 from otel_gpu.component import ComponentHost, Exporter, ExportResult
 from otel_gpu.exporters.verdict.config import VerdictExporterConfig, parse_endpoint
 from otel_gpu.pdata import Batch, Signal, body_object, event_name, log_records
@@ -62,7 +62,7 @@ class _JobFailures:
 
 class VerdictExporter(Exporter):
     """``export()`` parses failure and device-state events under a lock (no I/O); the collector's shared HTTP(S)
-    server (:mod:`otel_gpu.httpserver`: TLS per connection, bounded connections and read timeouts) answers."""
+    server (:mod:`otel_gpu.collector.httpserver`: TLS per connection, bounded connections and read timeouts) answers."""
 
     def __init__(self, config: VerdictExporterConfig, host: ComponentHost):
         super().__init__(config, host)

@@ -6,8 +6,8 @@ import json
 import logging
 import time
 
-from otel_gpu.collector._serve import HttpEndpoint, Response
-from otel_gpu.component import Extension
+from otel_gpu.collector.httpserver import HttpEndpoint, Response
+from otel_gpu.component import READY, Extension
 from otel_gpu.config import format_duration
 from otel_gpu.extensions.health_check.config import HealthCheckConfig
 
@@ -17,7 +17,7 @@ _logger = logging.getLogger(__name__)
 
 
 class HealthCheckExtension(Extension):
-    """Healthy while ``host.services["ready"]()`` says the pipelines run (always, outside a collector)."""
+    """Healthy while ``host.services.get(READY)()`` says the pipelines run (always, outside a collector)."""
 
     config: HealthCheckConfig
 
@@ -32,7 +32,7 @@ class HealthCheckExtension(Extension):
         return self._endpoint.port if self._endpoint is not None else 0
 
     def _healthy(self) -> bool:
-        ready = self.host.services.get("ready")
+        ready = self.host.services.get(READY)
         return True if ready is None else bool(ready())
 
     def _handle(self, method: str, path: str) -> Response:

@@ -33,9 +33,9 @@ _SUMMARY_KEYS = ("summary", "message", "description", "explanation", "title")
 
 
 def job_timelines(store: str, job_ids: list[str]) -> list[Any]:
-    """:class:`otel_gpu.plot.JobTimeline` of each job, from its latest goodput summary (whose ``timeline`` is the
-    ledger's record of where each second went) and its failure records."""
-    from otel_gpu.plot import job_timeline
+    """:class:`otel_gpu.commands.plot.JobTimeline` of each job, from its latest goodput summary (whose ``timeline``
+    is the ledger's record of where each second went) and its failure records."""
+    from otel_gpu.commands.plot import job_timeline
 
     conn = db.open_reader(store)
     try:
@@ -81,7 +81,7 @@ def build_report(store: str, job_id: str | None = None, limit: int | None = 50) 
         conn.execute("COMMIT")
     finally:
         conn.close()
-    from otel_gpu.plot import one_line
+    from otel_gpu.commands.plot import one_line
 
     lines = {tl.job_id: one_line(tl) for tl in job_timelines(store, [j["job_id"] for j in jobs])}
     return {"failures": failures, "goodput": _without_timeline(goodput), "devices": devices, "restarts": restarts,
@@ -350,7 +350,7 @@ def format_text(report: dict[str, Any]) -> str:
             if job.get("timeline") and job["timeline"].strip("[ ]"):
                 lines.append(f"    {job['timeline']}")
         if any(j.get("timeline") and j["timeline"].strip("[ ]") for j in jobs):
-            from otel_gpu.plot import legend_line
+            from otel_gpu.commands.plot import legend_line
 
             lines.append(f"  timeline: {legend_line()}")
     return "\n".join(lines) + "\n"
@@ -380,7 +380,7 @@ def main(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None
         out.write(format_text(report))
     plot = getattr(args, "plot", None)
     if plot:
-        from otel_gpu import plot as plotting
+        from otel_gpu.commands import plot as plotting
 
         jobs = [j["job_id"] for j in report["jobs"]][:_PLOT_JOBS]
         try:

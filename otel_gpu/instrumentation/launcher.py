@@ -23,11 +23,12 @@ import sys
 import tempfile
 import time
 
-from otel_gpu import jobid
+from otel_gpu.instrumentation import jobid
 
 _logger = logging.getLogger(__name__)
 
-__all__ = ["run", "bootstrap_dir", "launch_env", "EndWaiter", "ExitWatcher", "Launch", "resolve_job_id"]
+__all__ = ["run", "bootstrap_dir", "launch_env", "EndWaiter", "ExitWatcher", "Launch", "resolve_job_id", "send_event",
+           "this_host"]
 
 
 def bootstrap_dir() -> str:
@@ -138,7 +139,7 @@ class ExitWatcher:
 
     def __init__(self, registry: str, grace_s: float = 1.5, on_job_id=None):
         self.registry = registry
-        self.on_job_id = on_job_id  # called with the job id the ranks agreed on (otel_gpu.jobid)
+        self.on_job_id = on_job_id  # called with the job id the ranks agreed on (otel_gpu.instrumentation.jobid)
         self.grace_s = grace_s
         self.reported: dict[int, dict] = {}
         self.known: set[int] = set()  # every pid that registered
@@ -221,6 +222,25 @@ def _will_reap(info: dict, procs: dict[int, dict]) -> bool:
     return parent is not None and parent in procs and _alive(parent)
 
 
+def send_event(launch: Launch, name: str, attributes: dict, body: dict, warning: bool = False) -> None:
+    """Sends one log event (``name``, e.g. ``otel_gpu.restart.decision``) with the launch's own resource."""
+    from otel_gpu.instrumentation import _export
+
+    severity = _export.WARN if warning else _export.INFO
+    launch.client.send_logs(_export.logs_request(_export.make_resource(launch.identity.attributes()),
+                                                 [(name, time.time_ns(), attributes, body, severity)]))
+
+
+def this_host(environ: dict[str, str] | None = None) -> str | None:
+    """This host's name as the instrumentation reports it (``host.name`` from OTEL_RESOURCE_ATTRIBUTES, else the
+    node's name); None when it cannot be told."""
+    from otel_gpu.instrumentation._identity import Identity
+    from otel_gpu.instrumentation.config import InstrumentationConfig
+
+    env = dict(os.environ if environ is None else environ)
+    return Identity("-", None, InstrumentationConfig.from_env(env).resource_attributes).host
+
+
 def _send(client, identity, reports: list[dict]) -> None:
     if not reports:
         return
@@ -285,7 +305,7 @@ class Launch:
         self._ends = EndWaiter()
 
     def _adopt(self, agreed: str | None) -> None:
-        """The job id the ranks agreed on, for the launcher's own records (otel_gpu.jobid)."""
+        """The job id the ranks agreed on, for the launcher's own records (otel_gpu.instrumentation.jobid)."""
         self.job.adopt(agreed, self.identity)
         self.job_id = self.job.value
 
@@ -364,7 +384,7 @@ class Launch:
 
 def resolve_job_id(job_id: str | None = None, cmd: list[str] | tuple = ()) -> str:
     """The job id every process of this run shares: ``job_id``, else the scheduler's or launcher's
-    (:func:`otel_gpu.jobid.resolve`: OTEL_GPU_JOB_ID, torchrun's --rdzv-id, Slurm, Kubernetes), else a generated
+    (:func:`otel_gpu.instrumentation.jobid.resolve`: OTEL_GPU_JOB_ID, torchrun's --rdzv-id, Slurm, Kubernetes), else a generated
     one. (``otel-gpu run`` without ``--restart`` lets the ranks agree on one instead: :class:`jobid.LaunchJobId`.)"""
     return job_id or (jobid.resolve(os.environ, cmd) or jobid.JobId(jobid.generated(), "generated")).value
 

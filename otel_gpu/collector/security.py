@@ -13,7 +13,7 @@ Contract (what callers may rely on; tests/test_security.py holds it):
   password both, always.
 - **Server TLS** (:class:`ServerTlsConfig`): PEM ``cert_file`` + ``key_file``; ``client_ca_file`` turns on mutual
   TLS; TLS >= ``min_version`` (1.2 or 1.3). :func:`server_ssl_context` (HTTP listeners, served by
-  :mod:`otel_gpu.httpserver`) and :func:`grpc_server_credentials` (gRPC) build from the same config with the same
+  :mod:`otel_gpu.collector.httpserver`) and :func:`grpc_server_credentials` (gRPC) build from the same config with the same
   checks. Files are read when a component starts, not when the config is validated (a config can be checked away
   from its secrets); a missing or non-PEM file raises ValueError naming ``<prefix>.<key>``.
 - **Client TLS** (:class:`ClientTlsConfig`): one class for every client of ours (``ca_file``, client certificate,

@@ -1,4 +1,5 @@
-"""The one HTTP(S) server of the collector's listeners (the OTLP/HTTP receiver, the Prometheus exporter).
+"""The one HTTP(S) server of the collector's listeners: the OTLP/HTTP receiver, the Prometheus exporter, the verdict
+API, the health_check extension and the collector's own metrics (``service.telemetry``).
 
 A threaded stdlib ``http.server`` with what every listener of ours needs, in one place so that they cannot drift:
 
@@ -7,7 +8,7 @@ A threaded stdlib ``http.server`` with what every listener of ours needs, in one
 - IPv6 when the host has a ``:``;
 - one daemon thread per connection, at most ``max_connections``: past that a plaintext client gets ``503`` with
   ``Retry-After: 1`` at once (a TLS client is closed: it could not read a plaintext answer), logged once;
-- TLS (an :class:`ssl.SSLContext` from :func:`otel_gpu.security.server_ssl_context`) wrapped on the connection's own
+- TLS (an :class:`ssl.SSLContext` from :func:`otel_gpu.collector.security.server_ssl_context`) wrapped on the connection's own
   thread, so a slow or broken handshake never holds up the accept loop; the handshake gets ``handshake_timeout_s``;
 - every connection, plaintext or TLS, then reads with ``read_timeout_s`` (an idle or trickling client is dropped);
 - errors while serving a connection are logged at debug level, never printed to stderr.
@@ -34,11 +35,12 @@ import socket
 import socketserver
 import ssl
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from wsgiref.simple_server import WSGIServer
 
-__all__ = ["HANDSHAKE_TIMEOUT_S", "MAX_CONNECTIONS", "READ_TIMEOUT_S", "ThreadedHttpServer", "WsgiHttpServer",
-           "make_server", "serve", "stop", "url"]
+__all__ = ["HANDSHAKE_TIMEOUT_S", "MAX_CONNECTIONS", "READ_TIMEOUT_S", "HttpEndpoint", "Response", "ThreadedHttpServer",
+           "WsgiHttpServer", "make_server", "serve", "stop", "url"]
 
 _logger = logging.getLogger(__name__)
 
@@ -171,3 +173,60 @@ def url(server: ThreadedHttpServer | None) -> str:
     host, port = server.server_address[:2]
     host = f"[{host}]" if ":" in host else host
     return f"{'https' if server.ssl_context is not None else 'http'}://{host}:{port}"
+
+
+#: (status, content type, body) of a :class:`HttpEndpoint` handler.
+Response = tuple[int, str, bytes]
+
+
+class HttpEndpoint:
+    """Serves ``handle(method, path) -> Response`` on ``host:port`` from a daemon thread; ``port`` after binding.
+
+    For the collector's small endpoints (health_check, the self-metrics page): the same server as every other
+    listener (connection cap, read timeout, no reverse DNS, ``SO_REUSEADDR``), with a handler that is one function.
+    Raises OSError when the address cannot be bound.
+    """
+
+    def __init__(self, host: str, port: int, handle: Callable[[str, str], Response], name: str, *,
+                 ssl_context: ssl.SSLContext | None = None, max_connections: int = 32):
+        handler = type("Handler", (_EndpointHandler,), {"handle_request": staticmethod(handle)})
+        self._server = make_server(host, port, handler, ssl_context=ssl_context, max_connections=max_connections,
+                                   what=name)
+        self.port: int = self._server.server_address[1]
+        self._name = name
+
+    def start(self) -> None:
+        self._server._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.2},
+                                                name=self._name, daemon=True)
+        self._server._thread.start()
+
+    def stop(self, timeout_s: float = 2.0) -> None:
+        stop(self._server, timeout_s)
+
+
+class _EndpointHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "otel-gpu"
+    sys_version = ""
+    handle_request: Callable[[str, str], Response]
+
+    def log_message(self, fmt: str, *args) -> None:
+        _logger.debug("%s: " + fmt, self.address_string(), *args)
+
+    def _serve(self) -> None:
+        try:
+            status, ctype, body = self.handle_request(self.command, self.path.partition("?")[0])
+        except Exception:  # noqa: BLE001 - a bug here must not take the thread (or the collector) down
+            _logger.exception("error serving %s %s", self.command, self.path)
+            status, ctype, body = 500, "text/plain; charset=utf-8", b"internal error\n"
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+        except OSError:
+            self.close_connection = True
+
+    do_GET = do_HEAD = do_POST = do_PUT = do_DELETE = _serve

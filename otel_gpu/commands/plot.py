@@ -118,7 +118,7 @@ class JobTimeline:
 
     @property
     def subtitle(self) -> str:
-        parts = [(k, v) for k, v in self.badput_s.items() if k in KINDS and v >= 0.05]
+        parts = [(k, v) for k, v in self.badput_s.items() if k in KINDS and v >= _LEGEND_MIN_S]
         parts.sort(key=lambda kv: -kv[1])
         return "badput: " + (", ".join(f"{KINDS[k][2]} {_dur(v)}" for k, v in parts) or "none")
 
@@ -300,8 +300,12 @@ def _tick_label(s: float) -> str:
     return f"{s:g}"
 
 
+_LEGEND_MIN_S = 0.05  # what the report prints as 0.0 s is no colour to look for (an onset rounded to the ms)
+
+
 def _kinds_present(timelines: list[JobTimeline]) -> list[str]:
-    present = {s.kind for tl in timelines for s in tl.segments}
+    """The legend's kinds: those drawn for at least 0.05 s in some job, in :data:`KINDS` order."""
+    present = {k for tl in timelines for k in KINDS if tl.drawn_s(k) >= _LEGEND_MIN_S}
     return [k for k in KINDS if k in present] or ["productive"]
 
 

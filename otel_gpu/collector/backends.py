@@ -3,7 +3,7 @@
 A receiver's config names a backend (``backend: auto | nvml | fake``); the receiver asks :func:`load` for it and
 gets an object with the real library's interface, so the *same* receiver code runs on a GPU node and in the tests.
 Receivers never import (or name) the testing package: the fakes are registered here by dotted path, imported only
-when a config asks for them, and other packages may add backends through the ``otel_gpu.backends`` entry-point group
+when a config asks for them, and other packages may add backends through the ``otel_gpu.collector.backends`` entry-point group
 (entry point name ``<kind>.<name>``, value ``module:factory``).
 
 Kinds and names registered here:
@@ -22,7 +22,7 @@ sysfs and the kernel log are file sources: the nic receiver reads below ``sysfs_
 need no registry entry and the receivers do not know them either.
 
 Example:
-    >>> from otel_gpu import backends
+    >>> from otel_gpu.collector import backends
     >>> backends.names("nvml")
     ['auto', 'nvml', 'fake']
     >>> nv = backends.load("nvml", "fake", scenario={"gpu_count": 2})
@@ -45,7 +45,7 @@ __all__ = ["ENTRY_POINT_GROUP", "load", "names", "register"]
 
 _logger = logging.getLogger(__name__)
 
-ENTRY_POINT_GROUP = "otel_gpu.backends"
+ENTRY_POINT_GROUP = "otel_gpu.collector.backends"
 
 
 def _pynvml(**_options: Any) -> Any:

@@ -84,20 +84,20 @@ def cmd_collector(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from otel_gpu.report import main as report_main
+    from otel_gpu.commands.report import main as report_main
 
     return report_main(args)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from otel_gpu.demo import main as demo_main
+    from otel_gpu.commands.demo import main as demo_main
 
     logging.basicConfig(level=logging.ERROR)
     return demo_main(args)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from otel_gpu.launcher import run
+    from otel_gpu.instrumentation.launcher import run
 
     if args.restart == "never" and not args.policy and args.max_restarts is None and args.restart_window is None:
         return run(list(args.cmd), endpoint=args.endpoint, job_id=args.job_id)

@@ -21,7 +21,7 @@ __all__ = ["main"]
 
 
 def main(args: argparse.Namespace) -> int:
-    from otel_gpu.report import build_report, format_text
+    from otel_gpu.commands.report import build_report, format_text
     from otel_gpu.testing.scenarios import SCENARIOS, run_scenario
 
     if getattr(args, "hosts", 1) > 1:
@@ -75,7 +75,7 @@ def restart_demo(args: argparse.Namespace) -> int:
     import subprocess
     import uuid
 
-    from otel_gpu.report import build_report, format_text
+    from otel_gpu.commands.report import build_report, format_text
     from otel_gpu.testing.restart_rig import RestartRig
 
     rank = args.rank if args.rank is not None else random.Random().randrange(0, 4)
