@@ -122,9 +122,8 @@ def _timelines(draw):
     return events
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow], phases=_NO_LONG_SHRINK)
-@given(_timelines())
-def test_buckets_and_productive_time_add_up_to_wall_time_per_job_and_per_incarnation(events):
+def replay(events) -> JobLedger:
+    """A ledger fed one of :func:`_timelines`, as the processor feeds it."""
     job = JobLedger("j", events[0][1], events[0][1])
     for e in events:
         if e[0] == "touch":
@@ -142,7 +141,13 @@ def test_buckets_and_productive_time_add_up_to_wall_time_per_job_and_per_incarna
         else:
             _, kind, onset, detected, fid, withdrawn = e
             job.failure(kind, onset, detected, failure_id=fid, withdrawn=withdrawn)
-    s = job.summary()
+    return job
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow], phases=_NO_LONG_SHRINK)
+@given(_timelines())
+def test_buckets_and_productive_time_add_up_to_wall_time_per_job_and_per_incarnation(events):
+    s = replay(events).summary()
     assert all(v >= -1e-6 for v in s["badput_s"].values()), s
     assert s["productive_time_s"] >= -1e-6
     assert abs(s["productive_time_s"] + sum(s["badput_s"].values()) - s["wall_time_s"]) < 0.02, s

@@ -318,7 +318,28 @@ def test_text_from_telemetry_is_escaped_in_the_svg_and_plain_in_matplotlib(store
     tl = job_timeline(hostile, summary, [{"detected_time": summary["last_seen"], "root_cause": "<script>$\\"}])
     root = ET.fromstring(render_svg([tl]))  # valid XML
     assert any(hostile.replace("\x01", "\ufffd") in (t.text or "") for t in root.iter(f"{SVG}text"))
-    if pytest.importorskip("matplotlib", reason="the plot extra"):
-        from otel_gpu.commands.plot import render_png
+    pytest.importorskip("matplotlib", reason="the test extra installs it (the plot extra)")
+    from otel_gpu.commands.plot import render_png
 
-        assert render_png([tl, JobTimeline("empty", 0, 0, None, 0, 0)])[:8] == b"\x89PNG\r\n\x1a\n"
+    assert render_png([tl, JobTimeline("empty", 0, 0, None, 0, 0)])[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_on_any_timeline_the_picture_draws_each_bucket_for_as_long_as_the_ledger_counts_it():
+    """Random jobs (steps, checkpoints of every rank, restores, failures revised and withdrawn, restarts; the
+    goodput tests' generator): every kind's drawn seconds, ``other`` included, are the summary's."""
+    from hypothesis import HealthCheck, given, settings
+
+    from test_goodput import _NO_LONG_SHRINK, _timelines, replay
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow], phases=_NO_LONG_SHRINK)
+    @given(_timelines())
+    def check(events):
+        job = replay(events)
+        summary = job.summary()
+        tl = job_timeline("j", summary, [])
+        assert [lane.restart_count for lane in tl.lanes] == [i["restart_count"] for i in summary["incarnations"]]
+        for kind in KINDS:
+            expected = summary["productive_time_s"] if kind == "productive" else summary["badput_s"][kind]
+            assert tl.drawn_s(kind) == pytest.approx(expected, abs=0.01), (kind, summary)
+
+    check()

@@ -177,8 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.add_argument("--job", metavar="JOB_ID", help="only this job")
     p.add_argument("--limit", type=int, default=50, help="most recent failures to show (default 50)")
-    p.add_argument("--plot", metavar="FILE", help="also draw each job's goodput timeline (productive time, badput "
-                   "buckets, failures, restarts; ETTR in the title) into FILE.svg or FILE.png")
+    p.add_argument("--plot", metavar="FILE", help="also draw each job's goodput timeline (productive time and badput "
+                   "buckets where the ledger counted them, one lane per incarnation, failures; ETTR in the title) "
+                   "into FILE.svg, or FILE.png with matplotlib (pip install 'otel-gpu[plot]')")
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("run", help="launch a training command with auto-instrumentation", formatter_class=fmt,

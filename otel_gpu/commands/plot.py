@@ -322,7 +322,7 @@ def _lane_label(lane: Lane) -> str:
 # -- SVG -------------------------------------------------------------------------------------------------------------
 _W, _PAD, _LABEL_W = 960, 20, 110
 _BAR_X0, _BAR_X1 = _PAD + _LABEL_W, _W - _PAD  # 130 .. 940: 810 px of time
-_TITLE_H, _LANE_H, _LANE_GAP, _AXIS_H, _JOB_GAP = 44, 24, 6, 40, 18
+_TITLE_H, _LANE_H, _LANE_GAP, _AXIS_H, _JOB_GAP = 52, 24, 6, 40, 18
 _LEGEND_PER_ROW, _LEGEND_STEP, _LEGEND_ROW_H = 5, 185, 22
 _XML_BAD = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
 
