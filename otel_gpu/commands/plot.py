@@ -389,8 +389,9 @@ def render_svg(timelines: list[JobTimeline]) -> str:
             dash = "" if m.kind == "failure" else ' stroke-dasharray="4 3"'
             out.append(f'<g class="marker {m.kind}"><line x1="{x:.2f}" y1="{top - 6}" x2="{x:.2f}" y2="{bottom + 4}" '
                        f'stroke="{colour}" stroke-width="2"{dash}/>'
-                       f'<text x="{x + 4:.2f}" y="{top - 2}" font-size="10" fill="{colour}">{_esc(m.label)}</text>'
-                       f'<title>{m.kind}: {_esc(m.label)} at {m.t - tl.start:.2f} s</title></g>')
+                       + (f'<text x="{x + 4:.2f}" y="{top - 2}" font-size="10" fill="{colour}">{_esc(m.label)}</text>'
+                          if m.kind == "failure" else "")  # a restart is its lane's label already
+                       + f'<title>{m.kind}: {_esc(m.label)} at {m.t - tl.start:.2f} s</title></g>')
         if tl.lanes:
             ay = bottom + 6
             out.append(f'<g class="axis"><line x1="{_BAR_X0}" y1="{ay}" x2="{_BAR_X1}" y2="{ay}" stroke="#555"/>')
