@@ -109,9 +109,12 @@ class Timeline:
             for (n, bucket), bins in sorted(series.items(), key=lambda kv: kv[0][1]):
                 if n != rc:
                     continue
-                kept = {i: round(v, 6) for i, v in bins.items() if round(v, 6) > 0}
+                kept = sorted((i, r) for i, r in ((i, round(v, 6)) for i, v in bins.items()) if r > 0)
                 if kept:
-                    first, last = min(kept), max(kept)
-                    seconds[bucket] = [first, [kept.get(i, 0) for i in range(first, last + 1)]]
+                    first = kept[0][0]
+                    values: list[float] = [0] * (kept[-1][0] - first + 1)
+                    for i, r in kept:
+                        values[i - first] = r
+                    seconds[bucket] = [first, values]
             out.append({"restart_count": rc, "start": round(start, 6), "end": round(stop, 6), "seconds": seconds})
         return {"origin": self.origin, "bin_s": self.bin_s, "end": round(end, 6), "incarnations": out}
