@@ -36,14 +36,13 @@ import dataclasses
 import difflib
 import functools
 import math
-import os
 import re
 import types
 import typing
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["ConfigError", "build", "env_value", "did_you_mean", "format_duration", "parse_duration", "yaml_keys"]
+__all__ = ["ConfigError", "build", "did_you_mean", "format_duration", "parse_duration", "yaml_keys"]
 
 
 class ConfigError(ValueError):
@@ -163,10 +162,6 @@ def _duration(value: Any, path: str) -> float:
         return 0.0
     raise ConfigError(f"{path}: expected a duration such as 5s, 250ms or 1m (Go duration syntax, as in the "
                       f"OpenTelemetry Collector), got {type(value).__name__} {value!r}")
-
-
-def _type_name(tp: Any) -> str:
-    return getattr(tp, "__name__", str(tp).replace("typing.", ""))
 
 
 def _coerce(value: Any, tp: Any, path: str) -> Any:
@@ -295,17 +290,3 @@ def _yaml_names(message: str, renamed: dict[str, str]) -> str:
     for name, key in renamed.items():
         message = re.sub(rf"\b{re.escape(name)}\b", key, message)
     return message
-
-
-def env_value(name: str, default: Any, parse=str, *, logger=None) -> Any:
-    """An ``OTEL_GPU_*`` / ``OTEL_*`` environment value; a bad one warns and falls back to ``default``."""
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return parse(raw)
-    except (TypeError, ValueError):
-        if logger is not None:
-            logger.warning("ignoring %s=%r: not a valid %s; using %r", name, raw, getattr(parse, "__name__", parse),
-                           default)
-        return default
