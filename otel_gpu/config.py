@@ -184,7 +184,7 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
     if dataclasses.is_dataclass(tp):
         if value is None:
             value = {}
-        return build(tp, value, path)
+        return build(typing.cast(type, tp), value, path)
     if origin in (list, tuple) or tp in (list, tuple):
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{path}: expected a list, got {type(value).__name__} {value!r}")
@@ -225,7 +225,8 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
         try:
             return tp(value)
         except ValueError:
-            raise ConfigError(f"{path}: {value!r} is not one of {', '.join(repr(m.value) for m in tp)}") from None
+            members = typing.cast(Any, tp)
+            raise ConfigError(f"{path}: {value!r} is not one of {', '.join(repr(m.value) for m in members)}") from None
     return value
 
 
