@@ -30,8 +30,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from otel_gpu.testing.cluster import ClusterUnavailable, leftovers  # noqa: E402
-from otel_gpu.testing.multinode import Bed, wait_training  # noqa: E402
+from otel_gpu.testing.cluster import ClusterUnavailable, leftovers
+from otel_gpu.testing.multinode import Bed, wait_training
 
 FAULTS = ("link_cut", "node_lost", "degraded_link", "agent_restart", "agent_crash", "exception")
 

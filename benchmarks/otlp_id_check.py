@@ -45,7 +45,7 @@ def main() -> None:
     raw = request(args.spans)
 
     def parse():
-        Batch.from_bytes(Signal.TRACES, raw).message
+        return Batch.from_bytes(Signal.TRACES, raw).message
 
     def parse_and_check():
         check_ids(Signal.TRACES, Batch.from_bytes(Signal.TRACES, raw).message)

@@ -126,7 +126,7 @@ def by(*attrs: Attr | str) -> str:
     return ", ".join(label(a) if isinstance(a, Attr) else a for a in attrs)
 
 
-def L(a: Attr) -> str:  # noqa: N802  (legend placeholder)
+def L(a: Attr) -> str:  # legend placeholder
     return "{{" + label(a) + "}}"
 
 
@@ -185,7 +185,7 @@ def _desc(*metrics: Metric, extra: str = "") -> str:
     return (extra + " " if extra else "") + text_ + _dcgm(*metrics)
 
 
-def P(title: str, metrics: Sequence[Metric], queries: list[Query], extra: str = "", **kw) -> PanelSpec:  # noqa: N802
+def P(title: str, metrics: Sequence[Metric], queries: list[Query], extra: str = "", **kw) -> PanelSpec:
     return PanelSpec(title, queries, description=_desc(*metrics, extra=extra), **kw)
 
 

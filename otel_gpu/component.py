@@ -39,6 +39,7 @@ Example (a receiver that produces one empty log batch when started)::
 from __future__ import annotations
 
 import abc
+import builtins
 import enum
 import logging
 import threading
@@ -281,7 +282,7 @@ class ComponentFactory:
 
     type: str
     kind: str  # "receiver" | "processor" | "exporter"
-    config_class: type
+    config_class: builtins.type
     create: Callable[[Any, ComponentHost], Component]
     signals: Iterable[Signal] = field(default=(Signal.TRACES, Signal.METRICS, Signal.LOGS))
     description: str = ""

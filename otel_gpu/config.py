@@ -36,14 +36,13 @@ import dataclasses
 import difflib
 import functools
 import math
-import os
 import re
 import types
 import typing
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["ConfigError", "build", "env_value", "did_you_mean", "format_duration", "parse_duration", "yaml_keys"]
+__all__ = ["ConfigError", "build", "did_you_mean", "format_duration", "parse_duration", "yaml_keys"]
 
 
 class ConfigError(ValueError):
@@ -165,10 +164,6 @@ def _duration(value: Any, path: str) -> float:
                       f"OpenTelemetry Collector), got {type(value).__name__} {value!r}")
 
 
-def _type_name(tp: Any) -> str:
-    return getattr(tp, "__name__", str(tp).replace("typing.", ""))
-
-
 def _coerce(value: Any, tp: Any, path: str) -> Any:
     origin = typing.get_origin(tp)
     if tp is Any:
@@ -189,7 +184,7 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
     if dataclasses.is_dataclass(tp):
         if value is None:
             value = {}
-        return build(tp, value, path)
+        return build(typing.cast(type, tp), value, path)
     if origin in (list, tuple) or tp in (list, tuple):
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{path}: expected a list, got {type(value).__name__} {value!r}")
@@ -230,7 +225,8 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
         try:
             return tp(value)
         except ValueError:
-            raise ConfigError(f"{path}: {value!r} is not one of {', '.join(repr(m.value) for m in tp)}") from None
+            members = typing.cast(Any, tp)
+            raise ConfigError(f"{path}: {value!r} is not one of {', '.join(repr(m.value) for m in members)}") from None
     return value
 
 
@@ -295,17 +291,3 @@ def _yaml_names(message: str, renamed: dict[str, str]) -> str:
     for name, key in renamed.items():
         message = re.sub(rf"\b{re.escape(name)}\b", key, message)
     return message
-
-
-def env_value(name: str, default: Any, parse=str, *, logger=None) -> Any:
-    """An ``OTEL_GPU_*`` / ``OTEL_*`` environment value; a bad one warns and falls back to ``default``."""
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return parse(raw)
-    except (TypeError, ValueError):
-        if logger is not None:
-            logger.warning("ignoring %s=%r: not a valid %s; using %r", name, raw, getattr(parse, "__name__", parse),
-                           default)
-        return default

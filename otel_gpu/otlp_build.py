@@ -43,6 +43,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypeVar, Union
 
+from google.protobuf.message import Message
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -226,7 +227,7 @@ class LogsBuilder:
     WARN = logs_pb2.SEVERITY_NUMBER_WARN
     ERROR = logs_pb2.SEVERITY_NUMBER_ERROR
     FATAL = logs_pb2.SEVERITY_NUMBER_FATAL
-    _TEXT = {INFO: "INFO", WARN: "WARN", ERROR: "ERROR", FATAL: "FATAL"}
+    _TEXT: dict[int, str] = {INFO: "INFO", WARN: "WARN", ERROR: "ERROR", FATAL: "FATAL"}
 
     __slots__ = ("_request", "_records")
 
@@ -302,7 +303,7 @@ class SpansBuilder:
         return self._request
 
 
-_Request = TypeVar("_Request")
+_Request = TypeVar("_Request", bound=Message)
 
 
 def merge(requests: Iterable[_Request]) -> _Request | None:

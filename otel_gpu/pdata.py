@@ -72,7 +72,7 @@ class Signal(str, enum.Enum):
         return _FIELDS[self]
 
 
-_REQUEST_TYPES = {
+_REQUEST_TYPES: dict[Signal, Any] = {
     Signal.TRACES: trace_service_pb2.ExportTraceServiceRequest,
     Signal.METRICS: metrics_service_pb2.ExportMetricsServiceRequest,
     Signal.LOGS: logs_service_pb2.ExportLogsServiceRequest,
@@ -158,7 +158,7 @@ class Batch:
 
     def to_bytes(self) -> bytes:
         if self._raw is None:
-            self._raw = self._message.SerializeToString()
+            self._raw = self.message.SerializeToString()
         return self._raw
 
     def item_count(self) -> int:

@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from otel_gpu.testing.scenarios import SCENARIOS, run_scenario  # noqa: E402
+from otel_gpu.testing.scenarios import SCENARIOS, run_scenario
 
 # Different culprits on different runs, as the issue asks; the seed is printed so a failure can be replayed.
 _SEED = random.randrange(1 << 30)

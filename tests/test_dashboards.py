@@ -15,8 +15,8 @@ import pytest
 
 pytest.importorskip("grafana_foundation_sdk", reason="grafana-foundation-sdk is in the test extra")
 
-from otel_gpu import schema  # noqa: E402
-from otel_gpu.schema import MetricType  # noqa: E402
+from otel_gpu import schema
+from otel_gpu.schema import MetricType
 
 ROOT = Path(__file__).resolve().parents[1]
 GRAFANA = ROOT / "dashboards" / "grafana"

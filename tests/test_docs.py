@@ -180,11 +180,17 @@ def test_readme_settings_table_matches_the_config_dataclass(readme, cls):
     rows = _settings_table((ROOT / readme).read_text(encoding="utf-8"))
     assert rows, f"{readme}: no settings table (header '| setting | default | meaning |')"
     header, body = rows[0], rows[1:]
+    # The instrumentation's settings are also environment variables: its table has that column too.
+    assert header in (["setting", "default", "meaning"], ["setting", "environment", "default", "meaning"]), \
+        f"{readme}: one style for every settings table: '| setting | default | meaning |' (got {header})"
     default_col = header.index("default")
     problems = [p for cells in body for p in _check_row(cls, cells, default_col)]
     documented = {n.split(".")[0] for cells in body
                   for n in re.findall(r"`([a-z_][a-z0-9_.]*)`", cells[0]) or [cells[0]]}
     keys = {k.field: key for key, k in yaml_keys(cls).items()}
+    if "environment" not in header:  # the instrumentation's are instrument() keywords, not YAML keys
+        problems += [f"{name}: the table names settings as YAML writes them: `{keys[name]}`" for name in documented
+                     if name in keys and keys[name] != name]
     missing = [keys.get(f.name, f.name) for f in dataclasses.fields(cls)
                if f.name not in documented and keys.get(f.name) not in documented]
     assert not problems and not missing, "\n".join(problems + [f"{m}: not in the table" for m in missing])

@@ -161,7 +161,7 @@ def test_otlp_client_http_protobuf_posts_to_v1_paths_with_headers():
     got = []
 
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802
+        def do_POST(self):
             body = self.rfile.read(int(self.headers["Content-Length"]))
             msg = (trace_service_pb2.ExportTraceServiceRequest() if self.path == "/v1/traces"
                    else logs_service_pb2.ExportLogsServiceRequest())

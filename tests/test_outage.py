@@ -25,7 +25,7 @@ from otel_gpu.testing.otlp_sink import OtlpSink
 from collector_proc import free_port, start_collector
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-from outage import collector_config, failure_request, record_ids, run_outage, send_load, span_ids  # noqa: E402
+from outage import collector_config, failure_request, record_ids, run_outage, send_load, span_ids
 
 EXPORTED, DROPPED = "otel_gpu.collector.exported", "otel_gpu.collector.dropped"
 

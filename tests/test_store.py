@@ -336,7 +336,7 @@ def test_traces_export_walks_resources_only(tmp_path):
     exp, _, _ = make(tmp_path)
     try:
         small, big = traces_batch([0], spans=1), traces_batch([0], spans=1000)
-        small.message, big.message  # parse outside the timing
+        _ = small.message, big.message  # parse outside the timing
         timings = {"small": float("inf"), "big": float("inf")}
         for _ in range(7):  # the best of interleaved rounds: a loaded machine slows rounds, never speeds them up
             for name, batch in (("small", small), ("big", big)):

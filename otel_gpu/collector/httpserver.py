@@ -216,7 +216,7 @@ class _EndpointHandler(BaseHTTPRequestHandler):
     def _serve(self) -> None:
         try:
             status, ctype, body = self.handle_request(self.command, self.path.partition("?")[0])
-        except Exception:  # noqa: BLE001 - a bug here must not take the thread (or the collector) down
+        except Exception:  # a bug here must not take the thread (or the collector) down
             _logger.exception("error serving %s %s", self.command, self.path)
             status, ctype, body = 500, "text/plain; charset=utf-8", b"internal error\n"
         try:

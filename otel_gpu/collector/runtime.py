@@ -203,7 +203,7 @@ class Collector:
                 kind, _, cid = key.partition(":")
                 try:
                     self._components[key].start()
-                except Exception as exc:  # noqa: BLE001
+                except Exception as exc:
                     self._shutdown_locked(timeout_s=5.0)
                     raise StartError(f"{kind}s.{cid}: could not start: {exc}") from exc
                 self._started.append(key)
@@ -222,7 +222,7 @@ class Collector:
                 if isinstance(component, Exporter):
                     component.force_flush(remaining)
                 component.shutdown(remaining)
-            except Exception:  # noqa: BLE001
+            except Exception:
                 _logger.exception("%s: error during shutdown", key.replace(":", "s.", 1))
         self._started.clear()
         for endpoint in self._telemetry_endpoints:

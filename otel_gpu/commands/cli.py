@@ -106,14 +106,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     return run_supervised(args)
 
 
-def _not_yet(name: str, issue: str):
-    def run(_args: argparse.Namespace) -> int:
-        print(f"otel-gpu {name}: not yet available in this version ({issue}).", file=sys.stderr)
-        return 3
-
-    return run
-
-
 _EXAMPLES = {
     "collector": """examples:
   otel-gpu collector                                  # built-in config: OTLP 127.0.0.1:4317/4318, Prometheus :9464,

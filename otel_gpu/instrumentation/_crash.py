@@ -123,7 +123,7 @@ class CrashHooks:
                 self.exit_info = {"how": "exception", "code": 1, "hint": hint, "type": qual}
             rt.log(tr.EXCEPTION_EVENT, attrs, body, severity=_export.FATAL, now=True)
             rt.flush()
-        except Exception:  # noqa: BLE001
+        except Exception:
             _logger.debug("otel-gpu could not report an exception", exc_info=True)
 
     def _excepthook(self, exc_type, exc, tb) -> None:

@@ -168,7 +168,7 @@ class Identity:
             if dist is not None and dist.is_available() and dist.is_initialized():
                 self.rank = dist.get_rank()
                 self.world_size = dist.get_world_size()
-        except Exception:  # noqa: BLE001 - identity is best effort
+        except Exception:  # identity is best effort
             _logger.debug("could not read rank from torch.distributed", exc_info=True)
         self.refresh_gpu()
         self.version += 1
@@ -189,7 +189,7 @@ class Identity:
             uuid_ = _uuid_text(getattr(torch.cuda.get_device_properties(cuda_index), "uuid", None))
             if uuid_ is None:
                 uuid_ = uuid_from_visible_devices(cuda_index, visible)
-        except Exception:  # noqa: BLE001 - identity is best effort; an old torch or a broken driver says nothing
+        except Exception:  # identity is best effort; an old torch or a broken driver says nothing
             _logger.debug("could not read the CUDA device", exc_info=True)
             return False
         if (index, uuid_) == (self.gpu_index, self.gpu_uuid):

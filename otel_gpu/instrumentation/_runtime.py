@@ -133,7 +133,7 @@ class Runtime:
             self._cycle(final=True)
             if self.steps_done and self.may_send_metrics():  # a rank that dies before its first heartbeat
                 self.send_metrics()  # still reports its step time
-        except Exception:  # noqa: BLE001
+        except Exception:
             _logger.debug("otel-gpu flush failed", exc_info=True)
             ok = False
         finally:
@@ -177,7 +177,7 @@ class Runtime:
             self.identity.job_id = self.job_id
             self.identity.version += 1
             self.identity_generated = False
-        except Exception:  # noqa: BLE001
+        except Exception:
             _logger.warning("otel-gpu: could not agree on a job id through the store", exc_info=True)
 
     def _register(self) -> None:
@@ -252,7 +252,7 @@ class Runtime:
                 continue
             try:
                 self._cycle(final=False)
-            except Exception:  # noqa: BLE001 - never die silently, never crash the host
+            except Exception:  # never die silently, never crash the host
                 _logger.warning("otel-gpu export cycle failed", exc_info=True)
             finally:
                 self._export_lock.release()

@@ -116,7 +116,7 @@ class Watchdog:
         while not stop.wait(self.rt.cfg.heartbeat_s):
             try:
                 self.heartbeat()
-            except Exception:  # noqa: BLE001
+            except Exception:
                 _logger.warning("otel-gpu heartbeat failed", exc_info=True)
 
     def stack_threshold_s(self) -> float:
@@ -205,7 +205,7 @@ class Watchdog:
         rt.log(tr.PROGRESS_EVENT, attrs, body, now=True)
         try:
             rt.send_metrics()
-        except Exception:  # noqa: BLE001 - metrics are a convenience; heartbeats matter more
+        except Exception:  # metrics are a convenience; heartbeats matter more
             _logger.debug("otel-gpu: metrics export failed", exc_info=True)
         stalled_s = body["stalled_s"]
         if stalled_s >= self.stack_threshold_s() and self._stacks_sent_for != self.clock.marker:

@@ -94,7 +94,7 @@ def _wrap_init_process_group(orig):
         if rt is not None:
             try:
                 rt.on_process_group_created()
-            except Exception:  # noqa: BLE001
+            except Exception:
                 _logger.debug("otel-gpu: identity refresh failed", exc_info=True)
         return result
 
@@ -250,7 +250,7 @@ class AfterImport(importlib.abc.MetaPathFinder):
             orig_exec(module)
             try:
                 callback(module)
-            except Exception:  # noqa: BLE001
+            except Exception:
                 _logger.debug("otel-gpu: post-import hook for %s failed", name, exc_info=True)
 
         loader.exec_module = exec_module
@@ -277,7 +277,7 @@ def targets() -> list[tuple[object, str, object]]:
         if dcp is not None:
             out.extend(dcp_targets(dcp))
     try:
-        import torch.multiprocessing.spawn  # noqa: F401 - the package's spawn() function shadows the module
+        import torch.multiprocessing.spawn  # the package's spawn() function shadows the module
 
         mp_spawn = sys.modules["torch.multiprocessing.spawn"]
         if hasattr(mp_spawn, "_wrap"):

@@ -61,13 +61,17 @@ def latest_versions(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 class VerdictClient:
     def __init__(self, url: str, token: str | None = None, ca_file: str = "", timeout_s: float = 2.0):
+        if "://" not in url:
+            url = f"http://{url}"
+        if not url.startswith(("http://", "https://")):  # urllib would also open file:// and ftp://
+            raise ValueError(f"--verdict-url must be an http:// or https:// URL (got {url!r})")
         self.url = url.rstrip("/")
         self.token = token
         self.timeout_s = timeout_s
         self._ssl = ssl.create_default_context(cafile=ca_file or None) if self.url.startswith("https") else None
 
     def _get(self, path: str) -> Any:
-        req = urllib.request.Request(self.url + path, headers={"Accept": "application/json"})
+        req = urllib.request.Request(self.url + path, headers={"Accept": "application/json"})  # noqa: S310 - http(s) only
         if self.token:
             req.add_header("Authorization", f"Bearer {self.token}")
         try:

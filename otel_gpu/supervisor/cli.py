@@ -52,4 +52,6 @@ def run_supervised(args: argparse.Namespace) -> int:
         return run(cmd, endpoint=args.endpoint, job_id=getattr(args, "job_id", None))
     job_id = resolve_job_id(getattr(args, "job_id", None), cmd)
     url = args.verdict_url or policy.verdict.url or default_url(args.endpoint)
+    if "://" in url and not url.startswith(("http://", "https://")):
+        return _problems("invalid arguments", [f"--verdict-url must be an http:// or https:// URL (got {url!r})"])
     return Supervisor(cmd, args.restart, policy, args.endpoint, job_id, url).run()

@@ -248,7 +248,7 @@ class Supervisor:
             body = {k: v for k, v in asdict(decision).items() if v is not None}
             send_event(launch, tr.RESTART_EVENT.name, {str(ids.JOB_ID): self.job_id}, body,
                        warning=decision.decision != "done")
-        except Exception:  # noqa: BLE001 - the decision stands even if it cannot be exported
+        except Exception:  # the decision stands even if it cannot be exported
             _logger.debug("could not export the decision", exc_info=True)
 
     # -- the loop --------------------------------------------------------------------------------------------------

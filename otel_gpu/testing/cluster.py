@@ -162,7 +162,7 @@ class Host:
         log_path = Path(log) if log is not None else None
         if log_path is not None and not log_path.is_absolute():
             log_path = self.workdir / log_path
-        out = open(log_path, "ab") if log_path is not None else subprocess.DEVNULL
+        out = open(log_path, "ab") if log_path is not None else subprocess.DEVNULL  # noqa: SIM115 - closed below
         try:
             proc = subprocess.Popen(self.command(argv), env={**os.environ, **(env or {})}, cwd=cwd or self.workdir,
                                     stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,

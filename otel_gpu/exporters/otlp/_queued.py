@@ -67,7 +67,7 @@ class QueuedExporter(Exporter):
     def _send_once(self, signal: Signal, body: bytes, timeout_s: float) -> Attempt:
         """One attempt; never raises for network or server errors."""
 
-    def _close(self) -> None:  # noqa: B027 - optional hook
+    def _close(self) -> None:  # optional hook
         """Releases connections."""
 
     # -- lifecycle -----------------------------------------------------------------------------------------------

@@ -196,7 +196,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+    def do_GET(self) -> None:  # http.server's name
         url = urlsplit(self.path)
         if url.path in ("/health", "/healthz"):
             self._send(200, {"status": "ok"})
@@ -230,7 +230,7 @@ class _Handler(BaseHTTPRequestHandler):
         withdrawn = (query.get("include_withdrawn") or ["0"])[0] in ("1", "true", "yes")
         self._send(200, {"failures": self.owner.failures(job_id or None, since, withdrawn)})
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         self._send(405, {"error": "read-only API: use GET"}, (("Allow", "GET"),))
 
-    do_PUT = do_DELETE = do_PATCH = do_POST  # noqa: N815
+    do_PUT = do_DELETE = do_PATCH = do_POST

@@ -85,7 +85,7 @@ class SlowFile:
     """A file object whose writes stall, as a slow shared filesystem does."""
 
     def __init__(self, path: str, stall_s: float):
-        self._f = open(path, "wb")
+        self._f = open(path, "wb")  # noqa: SIM115 - a file object that lives as long as this wrapper
         self._stall_s = stall_s
 
     def write(self, data):
