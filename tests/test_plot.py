@@ -312,6 +312,25 @@ def test_plot_needs_svg_or_png_and_an_empty_store_plots_an_empty_lane(tmp_path, 
     assert "older otel-gpu" in render_svg([old])
 
 
+def test_a_summary_no_ledger_wrote_draws_what_it_can_and_never_raises():
+    pytest.importorskip("matplotlib", reason="the test extra installs it (the plot extra)")
+    from otel_gpu.commands.plot import render_png
+
+    inc = {"restart_count": 0, "start": 0.0, "end": 10.0}
+    bad = [{"timeline": {"origin": 0, "bin_s": -1, "incarnations": [inc]}},
+           {"timeline": {"origin": 0, "bin_s": 1e-300, "incarnations": [{**inc, "end": 1e300}]}},
+           {"timeline": {"origin": "x", "bin_s": "y", "incarnations": ["z", inc]}},
+           {"timeline": {"origin": 0, "bin_s": 1, "incarnations": [{**inc, "seconds": {
+               "hang": [10**12, [1, 1]], "productive": ["a", [float("inf"), -1, "q", 1]], "nope": [0, [1]],
+               "startup": [0, list(range(10**5))], "slowdown": 7}}]}},
+           {"timeline": {"incarnations": "no"}, "ettr": "high", "badput_s": {"hang": "long"}}]
+    for summary in bad:
+        tl = job_timeline("j", summary, [{"detected_time": "soon"}, {"detected_time": float("nan")}, "x"])
+        ET.fromstring(render_svg([tl]))
+        one_line(tl)
+        assert render_png([tl])[:4] == b"\x89PNG"
+
+
 def test_text_from_telemetry_is_escaped_in_the_svg_and_plain_in_matplotlib(stores):
     folder, summary = stores["hang"]
     hostile = 'job <&>"\x01 $x^$'

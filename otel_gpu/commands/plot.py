@@ -56,6 +56,7 @@ _FAILURE_COLOUR, _RESTART_COLOUR = "#111111", "#1f4fbf"
 # Inside one bin of the ledger's timeline (the order there is not recorded): what usually comes first in time first.
 _ORDER = ("restart_gap", "startup", "checkpoint_restore", "data_loading", "productive", "wasted_progress", "slowdown",
           "checkpoint_save", "hang", "other")
+_MAX_BINS_READ = 4 * 512  # the ledger writes at most 512 per bucket and incarnation (processors/goodput/_timeline.py)
 _TINY_S = 1e-6  # float noise (unix times carry ~0.2 us; the bins are rounded to 1 us), not a segment
 
 
@@ -139,20 +140,22 @@ def _num(value: Any, default: float = 0.0) -> float:
     return out if math.isfinite(out) else default
 
 
-def _lane(inc: dict[str, Any], origin: float, bin_s: float) -> Lane:
+def _lane(inc: dict[str, Any], origin: float, bin_s: float, job: tuple[float, float]) -> Lane:
     """A lane's segments from its bins: in each bin its buckets in :data:`_ORDER`, then what none of them counts
-    ("other") up to the bin's end; what a bin holds is drawn whole, so each kind's width is its sum."""
+    ("other") up to the bin's end; what a bin holds is drawn whole, so each kind's width is its sum. Bins outside
+    the job's time, or more than the ledger ever writes, come from no ledger and are left out."""
     lane = Lane(int(_num(inc.get("restart_count"))), _num(inc.get("start")), _num(inc.get("end")))
     bins: dict[int, dict[str, float]] = {}
     seconds = inc.get("seconds") if isinstance(inc.get("seconds"), dict) else {}
+    lo, hi = math.floor((job[0] - origin) / bin_s) - 1, math.floor((job[1] - origin) / bin_s) + 1
     for kind, entry in seconds.items():
         if kind not in KINDS or kind == "other" or not isinstance(entry, list) or len(entry) != 2 \
                 or not isinstance(entry[1], list):
             continue
         first = int(_num(entry[0]))
-        for j, v in enumerate(entry[1]):
+        for j, v in enumerate(entry[1][:_MAX_BINS_READ]):
             v = _num(v)
-            if v > 0:
+            if v > 0 and lo <= first + j <= hi:
                 bins.setdefault(first + j, {})[kind] = v
     out = lane.segments
 
@@ -195,10 +198,12 @@ def job_timeline(job_id: str, summary: dict[str, Any] | None, failures: list[dic
         tl.note = "no goodput history" if not summary else "no timeline in this summary (written by an older otel-gpu)"
         return tl
     origin, bin_s = _num(raw.get("origin")), _num(raw.get("bin_s"), 1.0)
-    if bin_s <= 0:
-        tl.note = "a timeline with no bin width"
+    incs = [inc for inc in raw["incarnations"] if isinstance(inc, dict)]
+    bounds = [_num(inc.get(k)) for inc in incs for k in ("start", "end")]
+    if bin_s <= 0 or not bounds or not math.isfinite((max(bounds) - origin) / bin_s):
+        tl.note = "a timeline this otel-gpu cannot read"
         return tl
-    tl.lanes = [_lane(inc, origin, bin_s) for inc in raw["incarnations"] if isinstance(inc, dict)]
+    tl.lanes = [_lane(inc, origin, bin_s, (min(bounds), max(bounds))) for inc in incs]
     tl.lanes.sort(key=lambda lane: (lane.start, lane.restart_count))
     tl.start = min(lane.start for lane in tl.lanes)
     tl.end = max([_num(raw.get("end"), tl.start)] + [lane.end for lane in tl.lanes]
