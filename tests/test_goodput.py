@@ -156,6 +156,7 @@ def test_buckets_and_productive_time_add_up_to_wall_time_per_job_and_per_incarna
         assert all(v >= -1e-6 for v in inc["badput_s"].values()), inc
         assert abs(inc["productive_time_s"] + sum(inc["badput_s"].values()) - inc["wall_time_s"]) < 0.02, inc
     assert s["ettr"] is None or 0.0 <= s["ettr"] <= 1.0
+    assert _overfull_s(s) < 0.02, s  # each second counted once, where it happened (the picture draws these bins)
 
 
 def test_wasted_progress_is_what_came_after_the_last_save_in_time_whatever_the_order_spans_arrive_in():
@@ -206,3 +207,49 @@ def test_the_processor_keeps_a_long_first_step_that_is_not_first_in_its_batch_in
     (summary,) = proc.summaries()
     assert summary["wall_time_s"] == pytest.approx(7.75) and summary["ettr"] <= 1.0, summary
     assert abs(summary["productive_time_s"] + sum(summary["badput_s"].values()) - summary["wall_time_s"]) < 1e-3
+
+
+def _overfull_s(summary) -> float:
+    """Seconds the timeline's bins hold beyond their width (time counted twice), over all incarnations."""
+    tl, excess = summary["timeline"], 0.0
+    for inc in tl["incarnations"]:
+        bins: dict[int, float] = {}
+        for first, values in inc["seconds"].values():
+            for j, v in enumerate(values):
+                bins[first + j] = bins.get(first + j, 0.0) + v
+        excess += sum(max(0.0, v - tl["bin_s"]) for v in bins.values())
+    return excess
+
+
+def test_a_restarted_jobs_gap_ends_at_its_earliest_span_whatever_span_arrives_first():
+    """The restarted ranks' first batch need not start with their first span: the gap ends at the earliest activity
+    of the new incarnation, and no second is counted twice (a real restart demo counted 1.3 s of its first steps
+    in the restart gap too)."""
+    from otel_gpu.collector.telemetry import PrometheusSelfTelemetry
+    from otel_gpu.component import ComponentHost
+    from otel_gpu.config import build
+    from otel_gpu.otlp_build import SpansBuilder
+    from otel_gpu.pdata import Batch, Signal
+    from otel_gpu.processors.goodput import GoodputConfig, GoodputProcessor
+    from otel_gpu.schema import identity as I
+    from otel_gpu.schema import training as T
+
+    proc = GoodputProcessor(build(GoodputConfig, {}, "processors.goodput"),
+                            ComponentHost("goodput", PrometheusSelfTelemetry(), {}))
+    t0 = 1_800_000_000.0
+
+    def batch(restart: int, steps: list[tuple[int, float, float]]) -> None:
+        spans = SpansBuilder({str(I.JOB_ID): "job-r", str(I.RANK): 0, str(I.RESTART_COUNT): restart})
+        for step, a, b in steps:
+            spans.span(T.STEP_SPAN.name, int(a * 1e9), int(b * 1e9), {str(T.STEP): step})
+        proc.process(Batch.from_message(Signal.TRACES, spans.build()))
+
+    batch(0, [(s, t0 + s, t0 + s + 1) for s in range(10)])  # 10 s of steps, then the job dies
+    later = [(s, t0 + 20 + s, t0 + 21 + s) for s in range(10)]  # restarted 10 s later, at t0 + 20
+    batch(1, later[5:] + later[:5])  # steps 5-9 first in the batch, then 0-4
+    (summary,) = proc.summaries()
+    inc0, inc1 = summary["incarnations"]
+    assert inc1["badput_s"]["restart_gap"] == pytest.approx(10.0, abs=0.01), inc1
+    assert summary["productive_time_s"] == pytest.approx(20.0, abs=0.01)
+    assert summary["badput_s"]["other"] == pytest.approx(0.0, abs=0.01)
+    assert _overfull_s(summary) < 1e-3

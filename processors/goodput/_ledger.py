@@ -108,6 +108,7 @@ class _Incarnation:
     start: float  # where its wall time begins (the previous incarnation's end)
     first_activity: float | None = None  # its first span or event
     first_step_start: float | None = None
+    startup_from: float | None = None  # where its startup was counted from (at its first step)
 
 
 @dataclass
@@ -179,11 +180,21 @@ class JobLedger:
             self._add(B.RESTART_GAP, [(gap_from, t)])
             self.incarnation_end = None
             self.last_seen = max(self.last_seen, gap_from)
+        elif restart_count == self.restart_count:
+            self._earlier_activity(self.incarnations[self._rc(restart_count)], t)
         if t < self.first_seen:
             self.first_seen = t
             first = min(self.incarnations)
             self.incarnations[first].start = min(self.incarnations[first].start, t)
         self.last_seen = max(self.last_seen, t)
+
+    def _earlier_activity(self, inc: _Incarnation, t: float) -> None:
+        """Activity of a restarted incarnation before the first one seen (spans come in batches, in no particular
+        order): its restart gap ended there. Counting the gap up to the first span that happened to arrive counted
+        the restarted job's first steps twice (a real restart demo: 1.3 s of steps also in the gap)."""
+        if inc.first_activity is not None and inc.start <= t < inc.first_activity:
+            self._add(B.RESTART_GAP, [(t, inc.first_activity)], self._rc(None), sign=-1.0)
+            inc.first_activity = t
 
     def _hang_between(self, a: float, b: float) -> list[tuple[float, float]]:
         """Hang time in [a, b]: what no step or checkpoint already counts."""
@@ -200,13 +211,21 @@ class JobLedger:
         if len(self.counted_steps) > 100_000:
             self.counted_steps = set(sorted(self.counted_steps)[-50_000:])
         inc = self._inc(rc)
+        if self._rc(rc) == self.restart_count:
+            self._earlier_activity(inc, start)
         if inc.first_step_start is None:
             inc.first_step_start = start
             if self.first_step_start is None:
                 self.first_step_start = start
             begin = self.first_seen if inc.first_activity is None else inc.first_activity
+            inc.startup_from = begin
             # a checkpoint restored (or saved) before the first step is in its own bucket, not in startup
             self._add(B.STARTUP, _gaps(begin, start, self.ckpt_iv), rc)
+        elif start < inc.first_step_start:
+            # an earlier step seen late: start-up ended at it (what it counted from then on is this step's)
+            a = max(start, inc.startup_from if inc.startup_from is not None else start)
+            self._add(B.STARTUP, _gaps(a, inc.first_step_start, self.ckpt_iv), rc, sign=-1.0)
+            inc.first_step_start = start
         if self.hang_since is not None and start > self.hang_since:
             self._add(B.HANG, self._hang_between(self.hang_since, start), rc)  # the job moved again
             self.hang_since = None
@@ -246,10 +265,11 @@ class JobLedger:
             return
         new = _gaps(start, end, self.steps_iv, self.ckpt_iv)
         inc = self._inc(restart_count)
-        if inc.first_step_start is not None:
+        if self._rc(restart_count) == self.restart_count:
+            self._earlier_activity(inc, start)
+        if inc.first_step_start is not None and inc.startup_from is not None:
             # counted in startup already (the first step came before this span): that part moves to its bucket
-            begin = self.first_seen if inc.first_activity is None else inc.first_activity
-            a, b = max(start, begin), min(end, inc.first_step_start)
+            a, b = max(start, inc.startup_from), min(end, inc.first_step_start)
             self._add(B.STARTUP, _gaps(a, b, self.steps_iv, self.ckpt_iv), restart_count, sign=-1.0)
         self.ckpt_iv.add(start, end)
         if kind == "save":
