@@ -203,8 +203,9 @@ def _enum(cls: type[enum.Enum], value: Any, key: str) -> Any:
     try:
         return cls(value)
     except (ValueError, TypeError):
-        known = ", ".join(m.value for m in cls)  # type: ignore[attr-defined]
-        raise UnreadableRecord(key, f"{_shown(value)} is not one of {known}") from None
+        known = ("a root cause of the taxonomy (failure.root_cause in docs/schema.md)" if cls is RootCause
+                 else "one of " + ", ".join(m.value for m in cls))  # type: ignore[attr-defined]
+        raise UnreadableRecord(key, f"{_shown(value)} is not {known}") from None
 
 
 def _shown(value: Any) -> str:
@@ -258,7 +259,7 @@ def from_json(data: str | bytes | Mapping[str, Any]) -> FailureRecord:
     >>> from_json('{"kind": "crash", "root_cause": "gpu_xid$(touch X)"}')
     Traceback (most recent call last):
     ...
-    otel_gpu.failure.UnreadableRecord: root_cause: str 'gpu_xid$(touch X)' is not one of gpu_xid, ...
+    otel_gpu.failure.UnreadableRecord: root_cause: str 'gpu_xid$(touch X)' is not a root cause of the taxonomy ...
     """
     if isinstance(data, (str, bytes, bytearray)):
         try:
