@@ -146,6 +146,7 @@ _HOST_STRICT = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-
 _GPU_ID = re.compile(r"^(?:GPU|MIG)-[A-Za-z0-9](?:[A-Za-z0-9-]{0,94}[A-Za-z0-9])?$")
 _GPU_UUID = re.compile(r"^(?:GPU|MIG)-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
 MAX_GPU_INDEX = 1023
+_MAX_INT = 2**63 - 1  # ranks, recurrence, versions: what the store's INTEGER columns and every consumer hold
 
 
 def is_host_name(value: Any, strict: bool = False) -> bool:
@@ -176,6 +177,8 @@ def _plain_int(value: Any, key: str, minimum: int | None = 0) -> int:
         raise UnreadableRecord(key, f"must be an integer (got {_shown(value)})")
     if minimum is not None and value < minimum:
         raise UnreadableRecord(key, f"must be >= {minimum} (got {value})")
+    if value > _MAX_INT:
+        raise UnreadableRecord(key, f"must be <= {_MAX_INT} (got an integer of {value.bit_length()} bits)")
     return value
 
 

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 import unicodedata
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,7 @@ from otel_gpu.collector.telemetry import PrometheusSelfTelemetry
 from otel_gpu.commands.report import main as report_main
 from otel_gpu.component import ComponentHost
 from otel_gpu.config import ConfigError, build
-from otel_gpu.exporters.store import StoreExporter, StoreExporterConfig
+from otel_gpu.exporters.store import StoreExporter, StoreExporterConfig, db
 from otel_gpu.exporters.verdict import FACTORY, VerdictExporterConfig
 from otel_gpu.failure import UnreadableRecord, format_failure, from_json, printable
 from otel_gpu.instrumentation import _export
@@ -338,6 +339,25 @@ def test_a_report_over_a_store_with_poison_records_prints_every_good_one(tmp_pat
     done = subprocess.run([sys.executable, "-m", "otel_gpu", "report", "--store", str(tmp_path)],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "Traceback" not in done.stderr and done.stdout == out
+    with closing(db.open_reader(tmp_path)) as conn:
+        rows = db.read_failures(conn)
+        assert [r.record.job_id for r in rows] == ["job-3", "job-2", "job-1", "job-0"]
+        assert sorted((u.name, u.reason.split(":")[0]) for u in rows.unreadable) == [
+            ("p1", "recurrence"), ("p2", "evidence"), ("p3", "culprit.rank"), ("p4", "kind")]
+        assert len(db.failures(conn)) == 4 and len(db.failures(conn).unreadable) == 4
+
+
+def test_the_verdict_client_returns_typed_verdicts_and_lists_the_unreadable_ones():
+    from otel_gpu.supervisor._verdict import VerdictClient
+
+    exporter = _verdict_api([good(job_id="j1", failure_id="ok"), good(job_id="j1", failure_id="bad", evidence=5),
+                             good(job_id="j2", failure_id="other")])
+    try:
+        verdicts = VerdictClient(exporter.url).failures("j1")
+    finally:
+        exporter.shutdown()
+    assert [(v.failure_id, v.culprit.host) for v in verdicts] == [("ok", "node-b")]
+    assert [(name, reason.split(":")[0]) for name, reason in verdicts.unreadable] == [("bad", "evidence")]
 
 
 # -- the supervisor keeps supervising -------------------------------------------------------------------------------
