@@ -311,11 +311,8 @@ def main(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None
     limit = getattr(args, "limit", 50)
     try:
         report = build_report(store, getattr(args, "job", None), None if limit is None or limit < 0 else limit)
-    except db.StoreMissing as exc:
-        print(f"otel-gpu report: {exc}", file=err)
-        return 1
-    except db.StoreTooNew as exc:
-        print(f"otel-gpu report: {exc}", file=err)
+    except (db.StoreMissing, db.StoreTooNew) as exc:
+        print(f"otel-gpu report: {printable(exc)}", file=err)
         return 1
     except sqlite3.Error as exc:
         print(f"otel-gpu report: cannot read the store at {printable(store)}: {printable(exc)}", file=err)
