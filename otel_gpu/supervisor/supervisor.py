@@ -103,8 +103,16 @@ class Supervisor:
     def say(self, msg: str, diagnosis: str = "") -> None:
         """Prints ``msg`` escaped (it may quote telemetry: job ids, hosts, hook output), then ``diagnosis`` (text of
         :func:`otel_gpu.failure.format_failure`, escaped field by field), if any."""
-        print(f"otel-gpu run: {printable(msg)}" + (f"\n{diagnosis.rstrip(chr(10))}" if diagnosis else ""),
-              file=self.out, flush=True)
+        self._emit(f"otel-gpu run: {printable(msg)}" + (f"\n{diagnosis.rstrip(chr(10))}" if diagnosis else "")
+                   + "\n")
+
+    def _emit(self, text: str) -> None:
+        """Writes to our output; a terminal that went away (closed pipe) never stops the supervision of the job."""
+        try:
+            self.out.write(text)
+            self.out.flush()
+        except (OSError, ValueError):
+            pass
 
     def _warn_unreachable(self, why: str) -> None:
         if not self._warned:
@@ -265,7 +273,7 @@ class Supervisor:
 
     def _record(self, decision: Decision, launch) -> None:
         self.decisions.append(decision)
-        print(decision.line(), file=self.out, flush=True)
+        self._emit(decision.line() + "\n")
         try:
             from otel_gpu.instrumentation import _export
             from otel_gpu.schema import identity as ids
@@ -484,7 +492,7 @@ class Supervisor:
                                                                             "exclude_node_and_restart")
         if not wants_restart:
             if not outcome["printed"] and record is not None:
-                print(_diagnosis(record), file=self.out, end="", flush=True)
+                self._emit(_diagnosis(record))
             d = Decision(decision="stop", reason=f"action {action}: a restart would not fix it; diagnosis above",
                          **base)
             self._record(d, launch)
@@ -498,7 +506,7 @@ class Supervisor:
                          f"{_duration(b.window_s)}); raise budget.max_restarts or --max-restarts", **base)
             self._record(d, launch)
             if record is not None and not outcome["printed"]:
-                print(_diagnosis(record), file=self.out, end="", flush=True)
+                self._emit(_diagnosis(record))
             return d
         backoff = self._backoff()
         d = Decision(decision="restart", reason="", backoff_s=round(backoff, 2), **base)
