@@ -101,7 +101,9 @@ def test_json_report_is_the_public_contract(store):
     code, out, _ = run(store, fmt="json")
     assert code == 0
     report = json.loads(out)
-    assert set(report) == {"failures", "goodput", "jobs", "devices", "restarts"}  # restarts: run --restart decisions
+    # restarts: run --restart decisions; unreadable: stored records that do not read as failure records
+    assert set(report) == {"failures", "unreadable", "goodput", "jobs", "devices", "restarts"}
+    assert report["unreadable"] == []
     assert report["devices"] == []  # devices to drain / to watch (none in this store)
     assert report["failures"] == [XID, HANG]
     for record in report["failures"]:
@@ -130,8 +132,8 @@ def test_missing_and_empty_store(tmp_path):
     empty = tmp_path / "empty"
     db.open_writer(empty).close()
     assert run(empty) == (0, "no failures recorded\ngoodput: no data\n", "")
-    assert json.loads(run(empty, fmt="json")[1]) == {"failures": [], "goodput": None, "jobs": [], "devices": [],
-                                                     "restarts": []}
+    assert json.loads(run(empty, fmt="json")[1]) == {"failures": [], "unreadable": [], "goodput": None, "jobs": [],
+                                                     "devices": [], "restarts": []}
 
 
 def test_not_a_store_is_a_clear_error(tmp_path):

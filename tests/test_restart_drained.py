@@ -15,6 +15,7 @@ from collector_proc import free_port, start_collector
 
 from otel_gpu.collector.config import load_default
 from otel_gpu.pdata import Signal
+from otel_gpu.failure import from_json
 from otel_gpu.supervisor import Supervisor, load_policy_text
 from otel_gpu.supervisor.supervisor import Decision
 
@@ -83,7 +84,9 @@ service:
         assert _get(f"{url}/api/v1/devices?state=drain&host=other-node", token)["devices"] == []
 
         out = tmp_path / "hook.txt"
-        hook = f"printf '%s|%s|%s|%s\\n' {{host}} {{gpu_uuid}} {{gpu_index}} {{root_cause}} >> {out}"
+        # No shell: a script that wants to redirect is given the fields as its arguments.
+        hook = (f"sh -c 'printf \\\"%s|%s|%s|%s\\\\n\\\" \\\"$@\\\" >> {out}' hook {{host}} {{gpu_uuid}} {{gpu_index}} "
+                "{root_cause}")
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
 
         log = stack.enter_context(open(tmp_path / "run.log", "a", encoding="utf-8"))
@@ -107,14 +110,18 @@ service:
         assert on.exclude_drained() == [] and out.read_text() == lines
         # the restart decision carries it (printed and recorded like the others)
         decision = on._decide(_Launch(), 0, 0, time.time() - 1,
-                              {"rc": 1, "record": {"failure_id": "f1", "kind": "crash", "root_cause": "oom",
-                                                   "action": "auto_restart"},
+                              {"rc": 1, "record": from_json({"failure_id": "f1", "kind": "crash",
+                                                             "root_cause": "rank_process_died", "job_id": "job-d",
+                                                             "onset_time": 1.0, "detected_time": 2.0,
+                                                             "confidence": 0.9, "action": "auto_restart"}),
                                "trigger": "exit", "printed": True, "ended": time.time()})
         assert decision.decision == "restart" and decision.drained is None  # nothing new drained since
         fresh = supervisor("devices: {exclude_drained: true}\nhooks: {exclude_gpu: true}\n")
         decision = fresh._decide(_Launch(), 0, 0, time.time() - 1,
-                                 {"rc": 1, "record": {"failure_id": "f2", "kind": "crash", "root_cause": "oom",
-                                                      "action": "auto_restart"},
+                                 {"rc": 1, "record": from_json({"failure_id": "f2", "kind": "crash",
+                                                                "root_cause": "rank_process_died", "job_id": "job-d",
+                                                                "onset_time": 1.0, "detected_time": 2.0,
+                                                                "confidence": 0.9, "action": "auto_restart"}),
                                   "trigger": "exit", "printed": True, "ended": time.time()})
         assert decision.decision == "exclude_and_restart", decision
         assert [d["device_id"] for d in decision.drained] == [gpu["device_id"]]  # the node has no hook to go by

@@ -45,7 +45,7 @@ def _get(url, token=None):
 
 def _record(fid, version, job="job-a", t=100.0, **extra):
     return {"failure_id": fid, "version": version, "job_id": job, "kind": "crash", "root_cause": "rank_process_died",
-            "action": "auto_restart", "detected_time": t, "onset_time": t - 1, **extra}
+            "action": "auto_restart", "detected_time": t, "onset_time": t - 1, "confidence": 0.9, **extra}
 
 
 def test_latest_version_per_failure_id_withdrawn_left_out_per_job():
@@ -65,7 +65,7 @@ def test_latest_version_per_failure_id_withdrawn_left_out_per_job():
         _, body = _get(f"{exporter.url}/api/v1/failures?job_id=nobody")
         assert body["failures"] == []
         client = VerdictClient(exporter.url)
-        assert client.healthy() and [r["failure_id"] for r in client.failures("job-b")] == ["f3"]
+        assert client.healthy() and [r.failure_id for r in client.failures("job-b")] == ["f3"]
         with pytest.raises(urllib.error.HTTPError) as err:
             _get(f"{exporter.url}/api/v1/failures?since=yesterday")
         assert err.value.code == 400
@@ -87,7 +87,7 @@ def test_bearer_token_like_the_other_listeners(tmp_path):
         assert len(_get(f"{exporter.url}/api/v1/failures?job_id=job-a", "tok-verdict-1")[1]["failures"]) == 1
         with pytest.raises(VerdictUnavailable, match="check the bearer token"):
             VerdictClient(exporter.url, "wrong").failures("job-a")
-        assert VerdictClient(exporter.url, "tok-verdict-1").failures("job-a")[0]["failure_id"] == "f1"
+        assert VerdictClient(exporter.url, "tok-verdict-1").failures("job-a")[0].failure_id == "f1"
     finally:
         exporter.shutdown()
 
@@ -129,19 +129,24 @@ def test_policy_overrides_defaults_and_errors():
         load_policy_text("budget: {max_restarts: [")
 
 
-def test_exclude_hook_gets_the_culprit_shell_quoted_and_gpu_is_left_out(tmp_path, monkeypatch):
+def test_exclude_hook_gets_each_culprit_field_as_one_argument_and_gpu_is_left_out(tmp_path, monkeypatch):
+    from otel_gpu.failure import from_json
     from otel_gpu.supervisor import Supervisor
     from otel_gpu.supervisor.supervisor import Decision
 
     out = tmp_path / "hook.txt"
-    policy = load_policy_text(f"hooks: {{exclude: 'printf \"%s|\" {{host}} {{gpu_uuid}} {{gpu_index}} {{rank}} "
-                              f"{{root_cause}} > {out}', exclude_gpu: true}}\n")
+    policy = load_policy_text(f"hooks:\n  exclude: printf '%s|' {{host}} reason=\"x {{root_cause}}\" -- {out}\n")
+    assert policy.hooks.exclude_argv == ["printf", "%s|", "{host}", "reason=x {root_cause}", "--", str(out)]
+    # A script gets the fields as its arguments ("$@") or environment, never inside its text.
+    policy = load_policy_text(f"hooks:\n  exclude: sh -c 'printf \"%s|\" \"$@\" \"$OTEL_GPU_CULPRIT_HOST\" > {out}' hook "
+                              "{host} {gpu_uuid} {gpu_index} {rank} {root_cause}\n  exclude_gpu: true\n")
     sup = Supervisor(["true"], "auto", policy, None, "job-x", "http://127.0.0.1:9")
-    record = {"root_cause": "gpu_fell_off_bus", "culprit": {"rank": 0, "host": "node 7; rm -rf /", "gpu": "2"}}
+    record = from_json(_record("f9", 1, job="job-x", root_cause="gpu_fell_off_bus",
+                               culprit={"rank": 0, "host": "node-7", "gpu": "2"}))
     decision = Decision("job-x", 0, 0, 0.0, "exit", 1, "restart", "")
     sup._exclude(record, decision)
-    assert out.read_text() == "node 7; rm -rf /||2|0|gpu_fell_off_bus|"  # one argument: quoted, never run
-    assert decision.hook["exit_code"] == 0 and decision.excluded == "host node 7; rm -rf /, GPU 2"
+    assert out.read_text() == "node-7||2|0|gpu_fell_off_bus|node-7|"
+    assert decision.hook["exit_code"] == 0 and decision.excluded == "host node-7, GPU 2"
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
     assert sup._cuda_env() == {"CUDA_VISIBLE_DEVICES": "0,1,3"}
 
@@ -188,7 +193,7 @@ def test_tls_on_the_shared_server_and_device_states(tmp_path):
                                    [(H.STATE_CHANGE_EVENT.name, 1, {}, s, _export.WARN) for s in states])
         exporter.export(Batch.from_message(Signal.LOGS, req))
         client = VerdictClient(exporter.url, ca_file=str(tmp_path / "cert.pem"))
-        assert [f["failure_id"] for f in client.failures("job-a")] == ["f1"]
+        assert [f.failure_id for f in client.failures("job-a")] == ["f1"]
         assert [d["device_id"] for d in client.devices("drain")] == ["node:h2", "gpu:GPU-a"]
         assert [d["device_id"] for d in client.devices("drain", ("h1",))] == ["gpu:GPU-a"]
         assert client.devices("watch") == []

@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from xml.sax.saxutils import escape
 
+from otel_gpu.failure import printable
+
 __all__ = ["KINDS", "JobTimeline", "Lane", "Marker", "PlotUnavailable", "Segment", "job_timeline", "legend_line",
            "one_line", "render_figure", "render_png", "render_svg", "write"]
 
@@ -334,8 +336,8 @@ _XML_BAD = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
 
 def _esc(text: Any) -> str:
     """Text from telemetry (job ids, root causes) as XML character data or attribute value: escaped, and
-    without the characters XML 1.0 forbids."""
-    return escape(_XML_BAD.sub("\ufffd", str(text)), {'"': "&quot;", "'": "&#39;"})
+    without the characters XML 1.0 forbids (controls shown escaped, as the report shows them)."""
+    return escape(_XML_BAD.sub("\ufffd", printable(text)), {'"': "&quot;", "'": "&#39;"})
 
 
 def _job_height(tl: JobTimeline) -> int:
@@ -430,8 +432,8 @@ PNG_DPI, PNG_WIDTH_IN = 100, 12.0
 
 def _mpl_text(text: Any) -> str:
     """Telemetry text for matplotlib: a ``$`` would start mathtext (and a bad formula fails the whole drawing);
-    control characters have no glyph."""
-    return _XML_BAD.sub("\ufffd", str(text)).replace("$", r"\$")
+    control characters have no glyph (shown escaped, as the report shows them)."""
+    return _XML_BAD.sub("\ufffd", printable(text)).replace("$", r"\$")
 
 
 def png_size(timelines: list[JobTimeline]) -> tuple[int, int]:

@@ -17,24 +17,25 @@ Example:
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import re
+import logging
 import sqlite3
 import sys
 from typing import Any, TextIO
 
 from otel_gpu.exporters.store import db
+from otel_gpu.failure import (Revision, UnreadableRecord, failure_lines, finite, format_seconds, format_time,
+                              from_json, printable, record_id)
 
-__all__ = ["build_report", "format_failure", "format_text", "main"]
+__all__ = ["build_report", "format_text", "main"]
 
-_AT_TIME = re.compile(r"^(.*\S)\s+@(\d+(?:\.\d+)?)$")
-_SUMMARY_KEYS = ("summary", "message", "description", "explanation", "title")
+_logger = logging.getLogger(__name__)
 
 
 def job_timelines(store: str, job_ids: list[str]) -> list[Any]:
     """:class:`otel_gpu.commands.plot.JobTimeline` of each job, from its latest goodput summary (whose ``timeline``
-    is the ledger's record of where each second went) and its failure records."""
+    is the ledger's record of where each second went) and its failure records (those that read: ``db.failures``
+    leaves the others out)."""
     from otel_gpu.commands.plot import job_timeline
 
     conn = db.open_reader(store)
@@ -55,13 +56,15 @@ def _without_timeline(summary: Any) -> Any:
 
 
 def build_report(store: str, job_id: str | None = None, limit: int | None = 50) -> dict[str, Any]:
-    """The report as a JSON-ready dict: ``{"failures": [...], "goodput": {...} | None, "devices": [...],
-    "jobs": [...]}``. ``devices``: the devices to drain, then to watch (``db.device_states``), with evidence and the
-    failures (and jobs) they were the culprit of.
+    """The report as a JSON-ready dict: ``{"failures": [...], "unreadable": [...], "goodput": {...} | None,
+    "devices": [...], "restarts": [...], "jobs": [...]}``. ``devices``: the devices to drain, then to watch
+    (``db.device_states``), with evidence and the failures (and jobs) they were the culprit of.
 
-    Each failure is the latest version of its record; one with a ``failure_id`` carries ``versions``, every version
-    received (oldest first, ``{"version", "received_time", "record"}``). A withdrawn verdict (a hang whose ranks
-    resumed) is kept with ``status: withdrawn``.
+    Each failure is the latest version of its record as stored (read with :func:`otel_gpu.failure.from_json`); one
+    with a ``failure_id`` carries ``versions``, every version received (oldest first, ``{"version",
+    "received_time", "record"}``). A withdrawn verdict (a hang whose ranks resumed) is kept with ``status:
+    withdrawn``. A stored record that does not read is left out of ``failures`` and listed in ``unreadable``
+    (``{"row_id", "id", "reason"}``): one bad record never hides the others.
 
     ``goodput`` is the selected job's latest summary, or (no job selected) the most recently updated job's.
 
@@ -74,285 +77,233 @@ def build_report(store: str, job_id: str | None = None, limit: int | None = 50) 
     try:
         conn.execute("BEGIN")  # one snapshot for every query
         failures = db.failures(conn, job_id, limit, history=True)
-        goodput = db.goodput(conn, job_id) if job_id is not None else db.latest_goodput(conn)
+        goodput = _summary_or_none(db.goodput(conn, job_id) if job_id is not None else db.latest_goodput(conn))
         jobs = db.jobs(conn, job_id)
         devices = db.device_states(conn, ("drain", "watch"))
         restarts = db.restarts(conn, job_id if job_id is not None else (goodput or {}).get("job_id"))
         conn.execute("COMMIT")
     finally:
         conn.close()
-    from otel_gpu.commands.plot import one_line
+    lines: dict[str, Any] = {}
+    try:
+        from otel_gpu.commands.plot import one_line
 
-    lines = {tl.job_id: one_line(tl) for tl in job_timelines(store, [j["job_id"] for j in jobs])}
-    return {"failures": failures, "goodput": _without_timeline(goodput), "devices": devices, "restarts": restarts,
+        lines = {tl.job_id: one_line(tl) for tl in job_timelines(store, [j["job_id"] for j in jobs])}
+    except sqlite3.Error:
+        raise
+    except Exception:  # a timeline that cannot be drawn leaves the rest of the report standing
+        _logger.warning("otel-gpu report: cannot draw the job timelines; the report goes on without them",
+                        exc_info=True)
+    return {"failures": list(failures), "unreadable": [u.to_dict() for u in failures.unreadable],
+            "goodput": _without_timeline(goodput), "devices": devices, "restarts": restarts,
             "jobs": [{**{k: j[k] for k in ("job_id", "first_seen", "last_seen", "ranks", "hosts", "world_size")},
                       "goodput": _without_timeline(j["goodput"]), "timeline": lines.get(j["job_id"])} for j in jobs]}
 
 
+def _summary_or_none(summary: Any) -> dict[str, Any] | None:
+    return summary if isinstance(summary, dict) else None
+
+
 # -- text ----------------------------------------------------------------------------------------------------------
-def _time(t: Any) -> str:
+# Every string below that came from telemetry (job ids, hosts, device ids, decisions, evidence) goes through
+# printable(); every number through finite(): a stranger's record prints as "unreadable", never as a traceback.
+def _failure_text(entry: Any) -> list[str]:
+    """One failure of the report (its stored JSON), read with from_json: its lines, or one "unreadable" line."""
     try:
-        return datetime.datetime.fromtimestamp(float(t)).astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")
-    except (TypeError, ValueError, OverflowError, OSError):
-        return "unknown time"
-
-
-def _seconds(s: float) -> str:
-    if s < 120:
-        return f"{s:.1f} s"
-    if s < 7200:
-        return f"{s / 60:.1f} min"
-    return f"{s / 3600:.1f} h"
-
-
-def _num(value: Any) -> float | None:
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return None
-
-
-def _culprit(culprit: Any) -> str:
-    if not isinstance(culprit, dict):
-        return str(culprit) if culprit not in (None, "") else ""
-    parts = []
-    if culprit.get("rank") is not None:
-        parts.append(f"rank {culprit['rank']}")
-    if culprit.get("host"):
-        parts.append(f"host {culprit['host']}")
-    if culprit.get("gpu") not in (None, ""):
-        parts.append(f"GPU {culprit['gpu']}")
-    return ", ".join(parts)
-
-
-def _summary(record: dict[str, Any]) -> str:
-    for key in _SUMMARY_KEYS:
-        if isinstance(record.get(key), str) and record[key].strip():
-            return record[key].strip()
-    who = _culprit(record.get("culprit"))
-    cause = str(record.get("root_cause") or "unknown cause").replace("_", " ")
-    if record.get("xid") is not None:
-        cause += f" (XID {record['xid']})"
-    return f"{cause} on {who}" if who else cause
-
-
-def _evidence(item: Any, onset: float | None) -> str:
-    if not isinstance(item, dict):
-        match = _AT_TIME.match(str(item))  # the attribution processor's "signal=value @unix-seconds"
-        if match is None:
-            return str(item)
-        t = float(match.group(2))
-        when = f"at {t - onset:+.1f} s from onset" if onset is not None else f"at {_time(t)}"
-        return f"{match.group(1)} {when}"
-    name = item.get("metric") or item.get("signal") or item.get("name") or ""
-    text = f"{name} = {item['value']}" if "value" in item else str(name)
-    extra = {k: v for k, v in item.items() if k not in ("metric", "signal", "name", "value", "time")}
-    if extra:
-        text += " (" + ", ".join(f"{k} {v}" for k, v in extra.items()) + ")"
-    t = _num(item.get("time"))
-    if t is not None:
-        text += f" at {t - onset:+.1f} s from onset" if onset is not None else f" at {_time(t)}"
-    return text.strip() or json.dumps(item)
-
-
-def _headline(record: dict[str, Any]) -> str:
-    kind = str(record.get("kind") or "failure").upper()
-    job = record.get("job_id") or "unknown job"
-    cause = ", ".join(str(x) for x in (record.get("root_cause"), record.get("category")) if x)
-    line = f"{kind} in job {job}: {_summary(record)}"
-    if cause:
-        line += f" ({cause})"
-    if record.get("action"):
-        line += f" -> action: {record['action']}"
-    tail = []
-    confidence = _num(record.get("confidence"))
-    if confidence is not None:
-        tail.append(f"confidence {confidence:.2g}")
-    onset, detected = _num(record.get("onset_time")), _num(record.get("detected_time"))
-    if onset is not None and detected is not None:
-        tail.append(f"detected {_seconds(max(0.0, detected - onset))} after onset")
-    return line + ("; " + "; ".join(tail) if tail else "")
-
-
-def _verdict(record: dict[str, Any]) -> str:
-    who = _culprit(record.get("culprit"))
-    text = f"{record.get('kind') or '?'}/{record.get('root_cause') or '?'}"
-    return f"{text} ({who})" if who else text
-
-
-def _failure_lines(record: dict[str, Any]) -> list[str]:
-    withdrawn = db.is_withdrawn(record)
-    lines = [("WITHDRAWN " if withdrawn else "") + _headline(record)]
-    versions = [v for v in record.get("versions") or () if isinstance(v, dict) and isinstance(v.get("record"), dict)]
-    if withdrawn:
-        summary = str(record.get("summary") or "")
-        why = record.get("withdrawn_reason") or (summary.split(":", 1)[1].split(";")[0].strip()
-                                                 if summary.startswith("withdrawn:") else "the verdict was taken back")
-        lines.append(f"  status: withdrawn ({why}); not counted as a failure")
-    if len(versions) > 1:
-        steps = " -> ".join(f"v{v['version']} {_verdict(v['record'])}"
-                            + (" withdrawn" if db.is_withdrawn(v["record"]) else "") for v in versions)
-        lines.append(f"  revisions: {steps}")
-    onset, detected = _num(record.get("onset_time")), _num(record.get("detected_time"))
-    if detected is not None:
-        lines.append(f"  detected: {_time(detected)}" + (f" (onset {_time(onset)})" if onset is not None else ""))
-    who = _culprit(record.get("culprit"))
-    lines.append(f"  culprit: {who or 'not identified'}")
-    if record.get("auto_remediable") is not None:
-        lines.append(f"  auto-remediable: {'yes' if record['auto_remediable'] else 'no'}")
-    details = record.get("details")
-    if isinstance(details, dict) and details:
-        # Lists (e.g. every waiting rank of a hang) are for machines: --format json has them.
-        lines.append("  details: " + ", ".join(f"{k} {v}" for k, v in details.items()
-                                               if v not in (None, "") and not isinstance(v, (list, dict))))
-    evidence = record.get("evidence") or []
-    if isinstance(evidence, (str, dict)):
-        evidence = [evidence]
-    if evidence:
-        lines.append("  evidence:")
-        lines.extend(f"    - {_evidence(item, onset)}" for item in evidence)
-    recurrence = record.get("recurrence")
-    if isinstance(recurrence, (int, float)) and not isinstance(recurrence, bool):
-        n = int(recurrence)
-        seen = "first time seen" if n <= 0 else f"seen {n} time{'s' if n != 1 else ''} before"
-        sig = f" (signature {record['signature']})" if record.get("signature") else ""
-        lines.append(f"  recurrence: {seen}{sig}")
-    return lines
-
-
-def format_failure(record: dict[str, Any]) -> str:
-    """One failure as ``otel-gpu report`` prints it (what ``otel-gpu run --restart`` prints when it stops)."""
-    return "\n".join(_failure_lines(record)) + "\n"
+        record = from_json(entry)
+    except UnreadableRecord as exc:
+        return [f"unreadable record {record_id(entry)}: {printable(str(exc))}"]
+    versions = []
+    for v in (entry.get("versions") or ()) if isinstance(entry.get("versions"), list) else ():
+        if not isinstance(v, dict):
+            continue
+        try:
+            versions.append(Revision(v.get("version"), v.get("received_time"), from_json(v.get("record"))))
+        except UnreadableRecord as exc:
+            versions.append(Revision(v.get("version"), v.get("received_time"), None, str(exc)))
+    return failure_lines(record, versions)
 
 
 def _restart_lines(decisions: list[dict[str, Any]]) -> list[str]:
     """The incarnations of a job on one timeline, from the decisions of ``otel-gpu run --restart``."""
+    decisions = [d for d in decisions if isinstance(d, dict)]
     if not decisions:
         return []
-    t0 = _num(decisions[0].get("incarnation_start")) or _num(decisions[0].get("time")) or 0.0
-    lines = [f"incarnations (job {decisions[0].get('job_id')}, times from its first start):"]
+    t0 = finite(decisions[0].get("incarnation_start")) or finite(decisions[0].get("time")) or 0.0
+    lines = [f"incarnations (job {printable(decisions[0].get('job_id'))}, times from its first start):"]
     for d in decisions:
-        start, end = _num(d.get("incarnation_start")), _num(d.get("incarnation_end"))
-        span = f"{(start or t0) - t0:7.1f} s .. {(end or start or t0) - t0:7.1f} s" if start is not None else " " * 20
+        start, end = finite(d.get("incarnation_start")), finite(d.get("incarnation_end"))
+        span = f"{start - t0:7.1f} s .. {(end or start) - t0:7.1f} s" if start is not None else " " * 20
         what = d.get("root_cause") or ("completed" if d.get("decision") == "done" else "no verdict")
-        line = f"  #{d.get('incarnation', '?')} {span}  exit {d.get('exit_status')}  {what}"
+        line = (f"  #{printable(d.get('incarnation', '?'))} {span}  exit {printable(d.get('exit_status'))}  "
+                f"{printable(what)}")
         if d.get("action"):
-            line += f" -> {d['action']}"
-        line += f" -> {d.get('decision')}"
+            line += f" -> {printable(d['action'])}"
+        line += f" -> {printable(d.get('decision'))}"
         extras = []
-        if d.get("backoff_s"):
-            extras.append(f"backoff {_seconds(float(d['backoff_s']))}")
+        if finite(d.get("backoff_s")):
+            extras.append(f"backoff {format_seconds(d['backoff_s'])}")
+        elif d.get("backoff_s") not in (None, 0, 0.0):
+            extras.append("backoff unreadable")
         if d.get("excluded"):
-            extras.append(f"excluded {d['excluded']}")
-        if _num(d.get("time_saved_s")):
-            extras.append(f"saved {_seconds(float(d['time_saved_s']))} vs the backend timeout")
+            extras.append(f"excluded {printable(d['excluded'])}")
+        if finite(d.get("time_saved_s")):
+            extras.append(f"saved {format_seconds(d['time_saved_s'])} vs the backend timeout")
         if extras:
             line += " (" + ", ".join(extras) + ")"
         lines.append(line)
     return lines
 
 
-def _goodput_lines(goodput: dict[str, Any] | None, title: str = "goodput") -> list[str]:
-    if not goodput:
+def _goodput_lines(goodput: Any, title: str = "goodput") -> list[str]:
+    if not isinstance(goodput, dict) or not goodput:
         return [f"{title}: no data"]
-    ettr = _num(goodput.get("ettr"))
-    head = f"{title} (job {goodput.get('job_id') or 'unknown'}): ETTR "
+    ettr = finite(goodput.get("ettr"))
+    head = f"{title} (job {printable(goodput.get('job_id') or 'unknown')}): ETTR "
     head += f"{ettr * 100:.1f}%" if ettr is not None else "unknown"
-    wall, productive = _num(goodput.get("wall_time_s")), _num(goodput.get("productive_time_s"))
+    wall, productive = finite(goodput.get("wall_time_s")), finite(goodput.get("productive_time_s"))
     if wall is not None and productive is not None:
-        head += f" (productive {_seconds(productive)} of {_seconds(wall)} wall time)"
+        head += f" (productive {format_seconds(productive)} of {format_seconds(wall)} wall time)"
     lines = [head]
-    badput = goodput.get("badput_s") or {}
-    buckets = sorted(((str(k), v) for k, v in badput.items() if _num(v)), key=lambda kv: -float(kv[1]))
+    badput = goodput.get("badput_s")
+    badput = badput if isinstance(badput, dict) else {}
+    buckets = sorted(((printable(k), finite(v)) for k, v in badput.items() if finite(v)), key=lambda kv: -kv[1])
     if buckets:
         lines.append("  badput:")
-        width = max(len(k) for k, _ in buckets)
+        width = min(40, max(len(k) for k, _ in buckets))
         for name, seconds in buckets:
-            share = f"  {float(seconds) / wall * 100:5.1f}% of wall time" if wall else ""
-            lines.append(f"    {name:<{width}}  {_seconds(float(seconds)):>9}{share}")
+            share = f"  {seconds / wall * 100:5.1f}% of wall time" if wall else ""
+            lines.append(f"    {name:<{width}}  {format_seconds(seconds):>9}{share}")
     return lines
 
 
 def _device_lines(devices: list[dict[str, Any]]) -> list[str]:
     """The "devices to drain / to watch" section."""
     lines: list[str] = []
+    devices = [d for d in devices if isinstance(d, dict)]
     for state, title in (("drain", "devices to drain"), ("watch", "devices to watch")):
         chosen = [d for d in devices if d.get("state") == state]
         if not chosen:
             continue
         lines.append(f"{title} ({len(chosen)}):")
         for d in chosen:
-            who = d.get("device_id") or "?"
-            extra = [f"GPU {d['gpu_index']}" if d.get("gpu_index") is not None else "", d.get("serial") or ""]
-            where = f" on {d['host']}" if d.get("host") and d.get("kind") != "node" else ""
+            who = printable(d.get("device_id") or "?")
+            extra = [f"GPU {printable(d['gpu_index'])}" if d.get("gpu_index") is not None else "",
+                     printable(d.get("serial") or "")]
+            where = f" on {printable(d['host'])}" if d.get("host") and d.get("kind") != "node" else ""
             tail = ", ".join(x for x in extra if x)
-            score = _num(d.get("score"))
-            lines.append(f"  {who}{where}{f' ({tail})' if tail else ''}: {state} since {_time(d.get('since'))}"
+            score = finite(d.get("score"))
+            lines.append(f"  {who}{where}{f' ({tail})' if tail else ''}: {state} since {format_time(d.get('since'))}"
                          + (f", score {score:.0f}" if score is not None else ""))
-            for item in (d.get("evidence") or [])[:6]:
-                lines.append(f"    - {item}")
-            failures = d.get("failures") or {}
-            if failures.get("failures"):
-                n, jobs = int(failures["failures"]), failures.get("jobs") or []
-                lines.append(f"    culprit of {n} failure{'s' if n != 1 else ''} from {_time(failures.get('first'))} "
-                             f"to {_time(failures.get('last'))}; jobs hurt: {', '.join(map(str, jobs)) or 'unknown'}")
+            evidence = d.get("evidence")
+            for item in (evidence if isinstance(evidence, list) else [evidence] if evidence else [])[:6]:
+                lines.append(f"    - {printable(item)}")
+            failures = d.get("failures")
+            failures = failures if isinstance(failures, dict) else {}
+            n = finite(failures.get("failures"))
+            if n:
+                jobs = failures.get("jobs")
+                jobs = jobs if isinstance(jobs, list) else []
+                n = int(n)
+                lines.append(f"    culprit of {n} failure{'s' if n != 1 else ''} from "
+                             f"{format_time(failures.get('first'))} to {format_time(failures.get('last'))}; "
+                             f"jobs hurt: {', '.join(printable(j) for j in jobs) or 'unknown'}")
     return lines
 
 
-def format_text(report: dict[str, Any]) -> str:
-    """What a person wants to read: each failure with its cause, culprit and evidence; then goodput and jobs."""
-    lines: list[str] = []
-    failures = report["failures"]
-    if not failures:
-        lines.append("no failures recorded")
-    else:
-        taken_back = sum(1 for f in failures if db.is_withdrawn(f))
-        live = len(failures) - taken_back
-        lines.append(f"{live} failure{'s' if live != 1 else ''} (newest first)"
-                     + (f", {taken_back} withdrawn verdict{'s' if taken_back != 1 else ''}" if taken_back else ""))
-        for record in failures:
-            lines.append("")
-            lines.extend(_failure_lines(record))
+def _failure_section(report: dict[str, Any]) -> list[str]:
+    failures = [f for f in report.get("failures") or () if isinstance(f, dict)]
+    unreadable = [u for u in report.get("unreadable") or () if isinstance(u, dict)]
+    blocks = [_failure_text(record) for record in failures]
+    readable = [(record, block) for record, block in zip(failures, blocks) if not block[0].startswith("unreadable")]
+    bad = len(blocks) - len(readable) + len(unreadable)
+    if not failures and not unreadable:
+        return ["no failures recorded"]
+    taken_back = sum(1 for record, _ in readable if db.is_withdrawn(record))
+    live = len(readable) - taken_back
+    lines = [f"{live} failure{'s' if live != 1 else ''} (newest first)"
+             + (f", {taken_back} withdrawn verdict{'s' if taken_back != 1 else ''}" if taken_back else "")
+             + (f", {bad} unreadable record{'s' if bad != 1 else ''}" if bad else "")]
+    for block in blocks:
         lines.append("")
-    lines.extend(_goodput_lines(report["goodput"]))
-    incarnations = (report["goodput"] or {}).get("incarnations") or []
-    if len(incarnations) > 1:
-        lines.append("  per incarnation:")
-        for inc in incarnations:
-            b = inc.get("badput_s") or {}
-            wall_s = _num(inc.get("wall_time_s")) or 0.0
-            lines.append(f"    restart_count {inc.get('restart_count')}: wall {_seconds(wall_s)}, productive {_seconds(_num(inc.get('productive_time_s')) or 0)}, restart gap "
-                         f"{_seconds(_num(b.get('restart_gap')) or 0)}, progress lost since the last checkpoint "
-                         f"{_seconds(_num(b.get('wasted_progress')) or 0)}")
-    restart_lines = _restart_lines(report.get("restarts") or [])
+        lines.extend(block)
+    for u in unreadable:
+        lines.append("")
+        lines.append(f"unreadable record {printable(u.get('id') or u.get('row_id'))}: {printable(u.get('reason'))}")
+    lines.append("")
+    return lines
+
+
+def _incarnation_lines(goodput: Any) -> list[str]:
+    incarnations = goodput.get("incarnations") if isinstance(goodput, dict) else None
+    incarnations = [i for i in incarnations if isinstance(i, dict)] if isinstance(incarnations, list) else []
+    if len(incarnations) <= 1:
+        return []
+    lines = ["  per incarnation:"]
+    for inc in incarnations:
+        b = inc.get("badput_s") if isinstance(inc.get("badput_s"), dict) else {}
+        lines.append(f"    restart_count {printable(inc.get('restart_count'))}: wall "
+                     f"{format_seconds(finite(inc.get('wall_time_s')) or 0)}, productive "
+                     f"{format_seconds(finite(inc.get('productive_time_s')) or 0)}, restart gap "
+                     f"{format_seconds(finite(b.get('restart_gap')) or 0)}, progress lost since the last checkpoint "
+                     f"{format_seconds(finite(b.get('wasted_progress')) or 0)}")
+    return lines
+
+
+def _job_lines(jobs: list[Any]) -> list[str]:
+    jobs = [j for j in jobs if isinstance(j, dict)]
+    if not jobs:
+        return []
+    lines = ["", "jobs:"]
+    for job in jobs:
+        ranks, hosts = finite(job.get("ranks")), finite(job.get("hosts"))
+        world = f" of {printable(job['world_size'])}" if job.get("world_size") else ""
+        goodput = job.get("goodput")
+        ettr = finite(goodput.get("ettr")) if isinstance(goodput, dict) else None
+        where = []
+        if ranks:
+            where.append(f"{int(ranks)} rank{'s' if ranks != 1 else ''}{world}")
+        if hosts:
+            where.append(f"{int(hosts)} host{'s' if hosts != 1 else ''}")
+        lines.append(f"  {printable(job.get('job_id'))}: {' on '.join(where) or 'no resource data'}, seen "
+                     f"{format_time(job.get('first_seen'))} to {format_time(job.get('last_seen'))}"
+                     + (f", ETTR {ettr * 100:.1f}%" if ettr is not None else ""))
+        timeline = job.get("timeline")
+        if isinstance(timeline, str) and timeline.strip("[ ]"):
+            lines.append(f"    {printable(timeline)}")
+    if any(isinstance(j.get("timeline"), str) and j["timeline"].strip("[ ]") for j in jobs):
+        from otel_gpu.commands.plot import legend_line
+
+        lines.append(f"  timeline: {legend_line()}")
+    return lines
+
+
+def _section(name: str, make, *args: Any) -> list[str]:
+    """A section's lines; one its formatter cannot make (a case no check foresaw) prints as unreadable, alone."""
+    try:
+        return make(*args)
+    except Exception as exc:  # one bad section never takes the report down
+        _logger.debug("report section %s", name, exc_info=True)
+        return [f"{name}: unreadable ({type(exc).__name__})"]
+
+
+def format_text(report: dict[str, Any]) -> str:
+    """What a person wants to read: each failure with its cause, culprit and evidence; then goodput and jobs.
+    Total: every record read with from_json (one that does not read prints as "unreadable record <id>: <reason>"),
+    every string from telemetry through printable()."""
+    lines: list[str] = []
+    lines.extend(_section("failures", _failure_section, report))
+    lines.extend(_section("goodput", _goodput_lines, report.get("goodput")))
+    lines.extend(_section("per incarnation", _incarnation_lines, report.get("goodput")))
+    restart_lines = _section("incarnations", _restart_lines, report.get("restarts") or [])
     if restart_lines:
         lines.append("")
         lines.extend(restart_lines)
-    device_lines = _device_lines(report.get("devices") or [])
+    device_lines = _section("devices", _device_lines, report.get("devices") or [])
     if device_lines:
         lines.append("")
         lines.extend(device_lines)
-    jobs = report["jobs"]
-    if jobs:
-        lines.append("")
-        lines.append("jobs:")
-        for job in jobs:
-            world = f" of {job['world_size']}" if job.get("world_size") else ""
-            ettr = _num((job.get("goodput") or {}).get("ettr"))
-            where = []
-            if job["ranks"]:
-                where.append(f"{job['ranks']} rank{'s' if job['ranks'] != 1 else ''}{world}")
-            if job["hosts"]:
-                where.append(f"{job['hosts']} host{'s' if job['hosts'] != 1 else ''}")
-            lines.append(f"  {job['job_id']}: {' on '.join(where) or 'no resource data'}, seen "
-                         f"{_time(job['first_seen'])} to {_time(job['last_seen'])}"
-                         + (f", ETTR {ettr * 100:.1f}%" if ettr is not None else ""))
-            if job.get("timeline") and job["timeline"].strip("[ ]"):
-                lines.append(f"    {job['timeline']}")
-        if any(j.get("timeline") and j["timeline"].strip("[ ]") for j in jobs):
-            from otel_gpu.commands.plot import legend_line
-
-            lines.append(f"  timeline: {legend_line()}")
+    lines.extend(_section("jobs", _job_lines, report.get("jobs") or []))
     return "\n".join(lines) + "\n"
 
 
@@ -364,14 +315,11 @@ def main(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None
     limit = getattr(args, "limit", 50)
     try:
         report = build_report(store, getattr(args, "job", None), None if limit is None or limit < 0 else limit)
-    except db.StoreMissing as exc:
-        print(f"otel-gpu report: {exc}", file=err)
-        return 1
-    except db.StoreTooNew as exc:
-        print(f"otel-gpu report: {exc}", file=err)
+    except (db.StoreMissing, db.StoreTooNew) as exc:
+        print(f"otel-gpu report: {printable(exc)}", file=err)
         return 1
     except sqlite3.Error as exc:
-        print(f"otel-gpu report: cannot read the store at {store}: {exc}", file=err)
+        print(f"otel-gpu report: cannot read the store at {printable(store)}: {printable(exc)}", file=err)
         return 1
     if getattr(args, "format", "text") == "json":
         json.dump(report, out, indent=2, sort_keys=False)
@@ -385,10 +333,11 @@ def main(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None
         jobs = [j["job_id"] for j in report["jobs"]][:_PLOT_JOBS]
         try:
             plotting.write(plot, job_timelines(store, jobs))
-        except (OSError, ValueError, plotting.PlotUnavailable) as exc:
-            print(f"otel-gpu report: cannot write the plot: {exc}", file=err)
+        except Exception as exc:  # noqa: BLE001 - the text above stands; the plot alone failed (PlotUnavailable too)
+            print(f"otel-gpu report: cannot write the plot: {printable(exc)}", file=err)
             return 1
-        print(f"goodput timeline of {len(jobs)} job{'s' if len(jobs) != 1 else ''} written to {plot}", file=err)
+        print(f"goodput timeline of {len(jobs)} job{'s' if len(jobs) != 1 else ''} written to {printable(plot)}",
+              file=err)
     return 0
 
 

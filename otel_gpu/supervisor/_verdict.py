@@ -9,7 +9,9 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
-__all__ = ["VerdictClient", "VerdictUnavailable", "default_url", "latest_versions"]
+from otel_gpu.failure import FailureRecord, UnreadableRecord, from_json, record_id
+
+__all__ = ["VerdictClient", "VerdictUnavailable", "Verdicts", "default_url", "latest_versions"]
 
 DEFAULT_PORT = 4319  # otel_gpu.exporters.verdict.DEFAULT_PORT (not imported: run never loads the collector)
 
@@ -36,27 +38,31 @@ def default_url(otlp_endpoint: str | None) -> str:
     return f"{url.scheme or 'http'}://{host}:{DEFAULT_PORT}"
 
 
-def _version(record: dict[str, Any]) -> float:
-    try:
-        return float(record.get("version") or 0)
-    except (TypeError, ValueError):
-        return 0.0
+class Verdicts(list):
+    """``list[FailureRecord]``, each read with :func:`otel_gpu.failure.from_json`; ``unreadable``: ``(id,
+    reason)`` of each record the collector served that does not read (never acted on)."""
+
+    def __init__(self, records=(), unreadable=()):
+        super().__init__(records)
+        self.unreadable: list[tuple[str, str]] = list(unreadable)
 
 
-def latest_versions(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def latest_versions(records: list[FailureRecord]) -> list[FailureRecord]:
     """The highest version of each failure_id (a later version supersedes); withdrawn ones left out.
 
-    >>> latest_versions([{"failure_id": "a", "version": 1, "kind": "hang"},
-    ...                  {"failure_id": "a", "version": 2, "kind": "hang", "withdrawn": True},
-    ...                  {"failure_id": "b", "version": 1, "kind": "crash"}])
-    [{'failure_id': 'b', 'version': 1, 'kind': 'crash'}]
+    >>> def r(fid, version, withdrawn=False):
+    ...     return from_json({"failure_id": fid, "version": version, "withdrawn": withdrawn, "kind": "hang",
+    ...                       "root_cause": "unknown", "job_id": "j", "onset_time": 1, "detected_time": 2,
+    ...                       "confidence": 1})
+    >>> [(x.failure_id, x.version) for x in latest_versions([r("a", 1), r("a", 2, True), r("b", 1)])]
+    [('b', 1)]
     """
-    best: dict[str, dict[str, Any]] = {}
+    best: dict[str, FailureRecord] = {}
     for i, record in enumerate(records):
-        key = str(record.get("failure_id") or f"#{i}")
-        if key not in best or _version(record) >= _version(best[key]):
+        key = record.failure_id or f"#{i}"
+        if key not in best or record.version >= best[key].version:
             best[key] = record
-    return [r for r in best.values() if not r.get("withdrawn")]
+    return [r for r in best.values() if not r.withdrawn]
 
 
 class VerdictClient:
@@ -89,8 +95,9 @@ class VerdictClient:
         except VerdictUnavailable:
             return False
 
-    def failures(self, job_id: str, since: float | None = None) -> list[dict[str, Any]]:
-        """The job's failures (latest version each, withdrawn left out), newest first. Raises VerdictUnavailable."""
+    def failures(self, job_id: str, since: float | None = None) -> Verdicts:
+        """The job's failures (latest version each, withdrawn left out), newest first, read typed; a record that
+        does not read is left out and listed in ``unreadable``. Raises VerdictUnavailable."""
         query = {"job_id": job_id}
         if since is not None:
             query["since"] = f"{since:.3f}"
@@ -98,7 +105,16 @@ class VerdictClient:
         records = body.get("failures") if isinstance(body, dict) else None
         if not isinstance(records, list):
             raise VerdictUnavailable(f"{self.url}: not a failures answer")
-        return latest_versions([r for r in records if isinstance(r, dict)])
+        typed, unreadable = [], []
+        for i, raw in enumerate(records):
+            try:
+                record = from_json(raw)
+            except UnreadableRecord as exc:
+                unreadable.append((record_id(raw, f"#{i}"), str(exc)))
+                continue
+            if record.job_id == job_id:  # another job's record is no verdict on this one
+                typed.append(record)
+        return Verdicts(latest_versions(typed), unreadable)
 
     def devices(self, state: str = "drain", hosts: tuple[str, ...] = ()) -> list[dict[str, Any]]:
         """The devices whose latest health state is ``state`` (on ``hosts``; all when empty). Raises

@@ -20,19 +20,18 @@ Example:
 from __future__ import annotations
 
 import re
-import string
 from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
 
 from otel_gpu.config import ConfigError, build, did_you_mean
+from otel_gpu.supervisor._hooks import HOOK_FIELDS, split_template
 
-__all__ = ["ACTIONS", "Policy", "load_policy", "load_policy_text", "parse_duration"]
+__all__ = ["ACTIONS", "HOOK_FIELDS", "Policy", "load_policy", "load_policy_text", "parse_duration"]
 
 ACTIONS = ("auto_restart", "exclude_node_and_restart", "user_fix", "investigate")
 CATEGORIES = ("hardware", "infrastructure", "software", "user")
-HOOK_FIELDS = ("host", "gpu_uuid", "gpu_index", "rank", "root_cause", "job_id")
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
 
@@ -94,23 +93,26 @@ class HangPolicy:
 
 @dataclass
 class HooksPolicy:
-    #: Shell command run before restarting with action exclude_node_and_restart; {host} {gpu_uuid} {gpu_index}
-    #: {rank} {root_cause} {job_id} are replaced (shell-quoted). Empty: restart without excluding anything.
+    #: Command run before restarting with action exclude_node_and_restart, never through a shell: split once like
+    #: a shell would (shlex), then {host} {gpu_uuid} {gpu_index} {rank} {root_cause} {job_id} are replaced inside
+    #: their own argument (never split again) and also set as OTEL_GPU_CULPRIT_HOST, ... in its environment.
+    #: Every field is validated first; one that is not: the hook does not run. Empty: exclude nothing.
     exclude: str = ""
     exclude_timeout_s: float = 60.0  # YAML: exclude_timeout (a duration, as every *_s field: otel_gpu.config)
     #: One host: restart with CUDA_VISIBLE_DEVICES without the culprit's GPU.
     exclude_gpu: bool = False
+    exclude_argv: list = field(default_factory=list, init=False)  # ``exclude`` split (otel_gpu.supervisor._hooks)
 
     def validate(self) -> None:
-        if self.exclude:
+        if not isinstance(self.exclude, str):
+            raise ValueError(f"exclude must be a command line as one string (got {type(self.exclude).__name__}), "
+                             "e.g. exclude: scontrol update nodename={host} state=drain")
+        self.exclude_argv = []
+        if self.exclude.strip():
             try:
-                names = [name for _, name, _, _ in string.Formatter().parse(self.exclude) if name is not None]
+                self.exclude_argv = split_template(self.exclude)
             except ValueError as exc:
-                raise ValueError(f"exclude: not a valid template ({exc}); write literal braces as {{{{ }}}}") from None
-            for name in names:
-                if name not in HOOK_FIELDS:
-                    raise ValueError(f"exclude: unknown placeholder {{{name}}} ({did_you_mean(name, HOOK_FIELDS)}"
-                                     f"known: {', '.join('{' + f + '}' for f in HOOK_FIELDS)})")
+                raise ValueError(f"exclude: {exc}") from None
         if not self.exclude_timeout_s > 0:
             raise ValueError(f"exclude_timeout_s must be > 0 (got {self.exclude_timeout_s})")
 
@@ -195,12 +197,17 @@ class Policy:
         if problems:
             raise ConfigError(problems)
 
-    def action_for(self, record: dict[str, Any]) -> str:
-        """The action to take on ``record``: an override by root cause, else by category, else its own."""
-        for key in (record.get("root_cause"), record.get("category")):
-            if key in self.actions:
+    def action_for(self, record: Any) -> str:
+        """The action to take on ``record`` (a :class:`otel_gpu.failure.FailureRecord`, or its JSON as a mapping):
+        an override by root cause, else by category, else its own."""
+        if isinstance(record, dict):
+            cause, category, action = record.get("root_cause"), record.get("category"), record.get("action")
+        else:
+            cause, category, action = (getattr(getattr(record, k, None), "value", None)
+                                       for k in ("root_cause", "category", "action"))
+        for key in (cause, category):
+            if isinstance(key, str) and key in self.actions:
                 return self.actions[key]
-        action = record.get("action")
         return action if action in ACTIONS else "investigate"
 
 

@@ -6,13 +6,13 @@ import collections
 import json
 import logging
 import os
-import shlex
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, TextIO
 
+from otel_gpu.failure import FailureRecord, Kind, format_failure, printable
+from otel_gpu.supervisor._hooks import HookRefused, hook_fields, run_hook
 from otel_gpu.supervisor._proctree import become_subreaper, stop_tree
 from otel_gpu.supervisor._verdict import VerdictClient, VerdictUnavailable
 from otel_gpu.supervisor.policy import Policy
@@ -21,6 +21,8 @@ __all__ = ["Decision", "Supervisor"]
 
 _logger = logging.getLogger(__name__)
 _RESTARTING = ("restart", "exclude_and_restart")
+#: Exit status of ``run`` after an error of its own (EX_SOFTWARE); the job's process tree was stopped first.
+INTERNAL_ERROR = 70
 
 
 @dataclass
@@ -53,10 +55,12 @@ class Decision:
     drained: list | None = None
 
     def line(self) -> str:
+        """One line; whatever in it came from telemetry is escaped (:func:`otel_gpu.failure.printable`)."""
         cause = f"{self.kind}/{self.root_cause}" if self.root_cause else "no verdict"
-        text = (f"otel-gpu run: incarnation {self.incarnation} ({self.trigger}, exit {self.exit_status}): {cause}"
-                + (f", action {self.action}" if self.action else "") + f" -> {self.decision.upper()}: {self.reason}")
-        return text
+        text = (f"incarnation {self.incarnation} ({self.trigger}, exit {self.exit_status}): {cause}"
+                + (f", action {self.action}" if self.action else "") + f" -> {str(self.decision).upper()}: "
+                f"{self.reason}")
+        return "otel-gpu run: " + printable(text)
 
 
 class Supervisor:
@@ -91,12 +95,24 @@ class Supervisor:
         if hosts is None and self.local_host:
             self.hosts.add(self.local_host)
         self._drained_seen: set[tuple[str, Any]] = set()  # (device_id, since) already acted on
+        self._unreadable_seen: set[str] = set()  # verdicts that do not read, said once each
         self._stop_requested: int | None = None
         self.t0 = time.time()
 
     # -- output ----------------------------------------------------------------------------------------------------
-    def say(self, msg: str) -> None:
-        print(f"otel-gpu run: {msg}", file=self.out, flush=True)
+    def say(self, msg: str, diagnosis: str = "") -> None:
+        """Prints ``msg`` escaped (it may quote telemetry: job ids, hosts, hook output), then ``diagnosis`` (text of
+        :func:`otel_gpu.failure.format_failure`, escaped field by field), if any."""
+        self._emit(f"otel-gpu run: {printable(msg)}" + (f"\n{diagnosis.rstrip(chr(10))}" if diagnosis else "")
+                   + "\n")
+
+    def _emit(self, text: str) -> None:
+        """Writes to our output; a terminal that went away (closed pipe) never stops the supervision of the job."""
+        try:
+            self.out.write(text)
+            self.out.flush()
+        except (OSError, ValueError):
+            pass
 
     def _warn_unreachable(self, why: str) -> None:
         if not self._warned:
@@ -106,8 +122,9 @@ class Supervisor:
                      f"{self.client.url}/api/v1/failures) or pass --verdict-url")
 
     # -- verdicts --------------------------------------------------------------------------------------------------
-    def _failures(self, since: float) -> list[dict[str, Any]] | None:
-        """This incarnation's unhandled failures, newest first; None when the collector does not answer."""
+    def _failures(self, since: float) -> list[FailureRecord] | None:
+        """This incarnation's unhandled failures, newest first, read typed; None when the collector does not
+        answer. A record that does not read is said once and never acted on."""
         try:
             records = self.client.failures(self.job_id, since=since)
         except VerdictUnavailable as exc:
@@ -115,32 +132,29 @@ class Supervisor:
             self._warn_unreachable(str(exc))
             return None
         self._reachable = True
-        out = []
-        for r in records:
-            key = str(r.get("failure_id") or (r.get("kind"), r.get("onset_time")))
-            try:
-                onset = float(r.get("onset_time") or r.get("detected_time") or 0)
-            except (TypeError, ValueError):
-                onset = 0.0
-            if key not in self.handled and onset >= since - 1.0 and r.get("kind") in ("crash", "hang"):
-                out.append(r)
-        return out
+        for name, reason in records.unreadable:
+            if name not in self._unreadable_seen and len(self._unreadable_seen) < 1000:
+                self._unreadable_seen.add(name)
+                self.say(f"unreadable record {name} from the verdict API ({reason}): not acted on; the job stays "
+                         "supervised")
+        return [r for r in records if _key(r) not in self.handled and r.onset_time >= since - 1.0
+                and r.kind in (Kind.CRASH, Kind.HANG)]
 
-    def _wait_verdict(self, since: float) -> dict[str, Any] | None:
+    def _wait_verdict(self, since: float) -> FailureRecord | None:
         """After the job failed: its verdict. A sure record (not one already printed as unsure while the job ran)
         is taken at once; otherwise the best record there is when ``verdict.wait_s`` is up."""
         deadline = time.monotonic() + self.policy.verdict.wait_s
-        found: list[dict[str, Any]] | None = []
+        found: list[FailureRecord] | None = []
         while True:
             found = self._failures(since) or found
             sure = [r for r in found or [] if _key(r) not in self.reported
-                    and _confidence(r) >= self.policy.hang.min_confidence]
+                    and r.confidence >= self.policy.hang.min_confidence]
             if sure:
                 return _first_cause(sure)
             if not found and self._reachable is False:
                 return None  # nobody to ask: do not wait for nothing
             if time.monotonic() >= deadline:
-                return max(found, key=_confidence) if found else None
+                return max(found, key=lambda r: r.confidence) if found else None
             time.sleep(0.25)
 
     # -- actions ---------------------------------------------------------------------------------------------------
@@ -153,16 +167,31 @@ class Supervisor:
         b = self.policy.budget
         return min(b.backoff_max_s, b.backoff_initial_s * (2 ** len(self.restart_times)))
 
-    def _exclude(self, record: dict[str, Any], decision: Decision) -> None:
-        culprit = record.get("culprit") or {}
-        gpu = culprit.get("gpu")
-        fields = {"host": culprit.get("host") or "", "gpu_uuid": str(gpu) if gpu and str(gpu).startswith("GPU-")
-                  else "", "gpu_index": str(gpu) if gpu is not None and str(gpu).isdigit() else "",
-                  "rank": "" if culprit.get("rank") is None else str(culprit["rank"]),
-                  "root_cause": str(record.get("root_cause") or ""), "job_id": self.job_id}
+    def _refusal(self, record: FailureRecord) -> str | None:
+        """Why ``record`` must not be acted on, or None. A verdict whose action excludes its culprit (an exclude hook,
+        or its GPU left out) is acted on only when every culprit field validates (otel_gpu.supervisor._hooks)."""
+        hooks = self.policy.hooks
+        if self.policy.action_for(record) != "exclude_node_and_restart" or not (hooks.exclude_argv
+                                                                                 or hooks.exclude_gpu):
+            return None
+        try:
+            self._hook_fields(record)
+        except HookRefused as exc:
+            return str(exc)
+        return None
+
+    def _hook_fields(self, record: FailureRecord) -> dict[str, str]:
+        """The culprit's fields for the exclude hook and CUDA_VISIBLE_DEVICES, each validated. Raises HookRefused."""
+        c = record.culprit
+        return hook_fields(record.root_cause, c.host, c.rank, c.gpu, self.job_id)
+
+    def _exclude(self, record: FailureRecord, decision: Decision, fields: dict[str, str] | None = None) -> None:
+        """Runs the exclude hook and/or leaves the culprit's GPU out; ``fields`` already validated (else here:
+        raises HookRefused before anything runs)."""
+        fields = fields if fields is not None else self._hook_fields(record)
         hooks = self.policy.hooks
         excluded = []
-        if hooks.exclude:
+        if hooks.exclude_argv:
             decision.hook = self._run_hook(fields)
             excluded.append(f"host {fields['host'] or '?'}")
         if hooks.exclude_gpu:
@@ -175,18 +204,16 @@ class Supervisor:
         decision.excluded = ", ".join(excluded) or None
 
     def _run_hook(self, fields: dict[str, str]) -> dict[str, Any]:
+        """The exclude hook as argv (no shell), fields validated by the caller; see otel_gpu.supervisor._hooks."""
         hooks = self.policy.hooks
-        command = hooks.exclude.format(**{k: shlex.quote(v) for k, v in fields.items()})
-        self.say(f"exclude hook: {command}")
-        try:
-            done = subprocess.run(command, shell=True, timeout=hooks.exclude_timeout_s,  # noqa: S602 - the user's
-                                  capture_output=True, text=True)
-        except subprocess.TimeoutExpired:
-            self.say(f"exclude hook timed out after {hooks.exclude_timeout_s:.0f} s")
-            return {"command": command, "exit_code": None, "output": "timed out"}
-        if done.returncode != 0:
-            self.say(f"exclude hook exited {done.returncode}: {(done.stderr or done.stdout).strip()[-300:]}")
-        return {"command": command, "exit_code": done.returncode, "output": (done.stdout + done.stderr)[-500:]}
+        result = run_hook(hooks.exclude_argv, fields, hooks.exclude_timeout_s)
+        self.say(f"exclude hook: {result['command']}")
+        if result["exit_code"] is None:
+            self.say(f"exclude hook did not complete: {result['output'].strip()[-300:]}")
+        elif result["exit_code"] != 0:
+            self.say(f"exclude hook exited {result['exit_code']}: {result['output'].strip()[-300:]}")
+        result["output"] = result["output"][-500:]
+        return result
 
     def exclude_drained(self) -> list[dict[str, Any]]:
         """Policy ``devices.exclude_drained``: asks the collector for drained devices on the job's hosts (all when
@@ -203,21 +230,28 @@ class Supervisor:
         done = []
         hooks = self.policy.hooks
         for device in drained:
-            key = (device["device_id"], device.get("since"))
+            since = device.get("since")
+            key = (device["device_id"], since if isinstance(since, (int, float, str)) else repr(since))
             if key in self._drained_seen:
                 continue
             self._drained_seen.add(key)
-            host = str(device.get("host") or "")
-            uuid = str(device.get("uuid") or "") if device.get("kind") == "gpu" else ""
-            index = device.get("gpu_index")
-            index = str(index) if isinstance(index, int) and not isinstance(index, bool) else ""
+            gpu = device.get("kind") == "gpu"
+            try:
+                fields = hook_fields("device_drain", device.get("host"), None, None, self.job_id,
+                                     gpu_uuid=device.get("uuid") if gpu else None,
+                                     gpu_index=device.get("gpu_index") if gpu else None)
+            except HookRefused as exc:
+                self.say(f"drained device {device['device_id']}: {exc}; not acted on")
+                continue
+            host, uuid, index = fields["host"], fields["gpu_uuid"], fields["gpu_index"]
+            evidence = device.get("evidence")
+            evidence = [printable(e) for e in evidence[:5]] if isinstance(evidence, list) else []
             entry: dict[str, Any] = {"device_id": device["device_id"], "host": host or None,
-                                     "since": device.get("since"), "evidence": list(device.get("evidence") or [])[:5]}
+                                     "since": since, "evidence": evidence}
             self.say(f"device {device['device_id']} on {host or '?'} is drained"
-                     + (f" ({'; '.join(entry['evidence'][:2])})" if entry["evidence"] else "") + ": excluding it")
-            if hooks.exclude:
-                entry["hook"] = self._run_hook({"host": host, "gpu_uuid": uuid, "gpu_index": index, "rank": "",
-                                                "root_cause": "device_drain", "job_id": self.job_id})
+                     + (f" ({'; '.join(evidence[:2])})" if evidence else "") + ": excluding it")
+            if hooks.exclude_argv:
+                entry["hook"] = self._run_hook(fields)
             local = self.local_host is not None and host == self.local_host
             if hooks.exclude_gpu and (uuid or index) and local:
                 self._excluded_gpus.extend(g for g in (uuid, index) if g and g not in self._excluded_gpus)
@@ -239,7 +273,7 @@ class Supervisor:
 
     def _record(self, decision: Decision, launch) -> None:
         self.decisions.append(decision)
-        print(decision.line(), file=self.out, flush=True)
+        self._emit(decision.line() + "\n")
         try:
             from otel_gpu.instrumentation.launcher import send_event
             from otel_gpu.schema import identity as ids
@@ -253,7 +287,7 @@ class Supervisor:
 
     # -- the loop --------------------------------------------------------------------------------------------------
     def run(self) -> int:
-        from otel_gpu.instrumentation.launcher import Launch, forward_signals, restore_signals
+        from otel_gpu.instrumentation.launcher import forward_signals, restore_signals
 
         become_subreaper()
         if not self.client.healthy():
@@ -262,7 +296,6 @@ class Supervisor:
         restart_base = 0
         incarnation = 0
         current: dict[str, Any] = {}
-        at_start = self.exclude_drained() if self.policy.devices.at_start else []
 
         def _on_signal(signum):
             self._stop_requested = signum
@@ -275,46 +308,76 @@ class Supervisor:
 
         previous = forward_signals(_on_signal)
         try:
-            while True:
-                launch = Launch(self.cmd, self.endpoint, self.job_id, restart_count=restart_base,
-                                extra_env=self._cuda_env())
-                current["launch"] = launch
-                if at_start:
-                    d = Decision(job_id=self.job_id, incarnation=0, restart_count=0, time=time.time(),
-                                 trigger="start", exit_status=None, decision="exclude", drained=at_start,
-                                 excluded=_drained_text(at_start),
-                                 reason=f"starting without drained {_drained_text(at_start)}")
-                    self._record(d, launch)
-                    at_start = []
-                started = time.time()
-                try:
-                    launch.start()
-                except OSError as exc:
-                    self.say(f"cannot start {self.cmd[0]!r}: {exc}")
-                    launch.close()
-                    return 127
-                try:
-                    outcome = self._watch(launch, started)
-                    decision = self._decide(launch, incarnation, restart_base, started, outcome)
-                finally:
-                    launch.close()
-                if decision.decision not in _RESTARTING:
-                    return 0 if decision.decision == "done" else (launch.status or 1)
-                time.sleep(decision.backoff_s)
-                if self._stop_requested is not None:
-                    self.say("stopped by a signal during the backoff; not restarting")
-                    return 128 + self._stop_requested
-                restart_base += 1 + launch.torchelastic_restarts()
-                incarnation += 1
+            at_start = self.exclude_drained() if self.policy.devices.at_start else []
+            return self._loop(current, at_start, restart_base, incarnation)
+        except Exception as exc:  # said, and the job was stopped (_stop_on_error) before we exit
+            _logger.debug("supervisor error", exc_info=True)
+            self.say(f"internal error ({type(exc).__name__}: {exc}); the job was stopped, not left unsupervised; "
+                     "please report this with the record that caused it")
+            return INTERNAL_ERROR
         finally:
             restore_signals(previous)
+
+    def _stop_on_error(self, launch, exc: BaseException) -> None:
+        """An error of ours (or a KeyboardInterrupt) while the job runs: stop its whole process tree before we go,
+        so that it never runs unsupervised."""
+        proc = getattr(launch, "proc", None)
+        if proc is None:
+            return
+        try:
+            self.say(f"stopping the job's process tree after an error of the supervisor ({type(exc).__name__})")
+            stop_tree(proc.pid, launch.pids(), self.policy.stop_grace_s)
+        except BaseException:  # noqa: BLE001 - last resort: at least the command itself
+            try:
+                proc.kill()
+            except OSError:
+                pass
+
+    def _loop(self, current: dict[str, Any], at_start: list[dict[str, Any]], restart_base: int,
+              incarnation: int) -> int:
+        from otel_gpu.instrumentation.launcher import Launch
+
+        while True:
+            launch = Launch(self.cmd, self.endpoint, self.job_id, restart_count=restart_base,
+                            extra_env=self._cuda_env())
+            current["launch"] = launch
+            if at_start:
+                d = Decision(job_id=self.job_id, incarnation=0, restart_count=0, time=time.time(),
+                             trigger="start", exit_status=None, decision="exclude", drained=at_start,
+                             excluded=_drained_text(at_start),
+                             reason=f"starting without drained {_drained_text(at_start)}")
+                self._record(d, launch)
+                at_start = []
+            started = time.time()
+            try:
+                launch.start()
+            except OSError as exc:
+                self.say(f"cannot start {self.cmd[0]!r}: {exc}")
+                launch.close()
+                return 127
+            try:
+                outcome = self._watch(launch, started)
+                decision = self._decide(launch, incarnation, restart_base, started, outcome)
+            except BaseException as exc:
+                self._stop_on_error(launch, exc)
+                raise
+            finally:
+                launch.close()
+            if decision.decision not in _RESTARTING:
+                return 0 if decision.decision == "done" else (launch.status or 1)
+            time.sleep(decision.backoff_s)
+            if self._stop_requested is not None:
+                self.say("stopped by a signal during the backoff; not restarting")
+                return 128 + self._stop_requested
+            restart_base += 1 + launch.torchelastic_restarts()
+            incarnation += 1
 
     def _watch(self, launch, started: float) -> dict[str, Any]:
         """Runs one incarnation to its end. A hang verdict while it runs may stop it (policy.hang); a crash verdict
         while torchrun is still tearing down is taken at once (its diagnosis is printed within seconds)."""
         poll = self.policy.verdict.poll_interval_s
         next_check = time.monotonic() + poll
-        record: dict[str, Any] | None = None
+        record: FailureRecord | None = None
         trigger = "exit"
         printed = False
         stop_by: float | None = None
@@ -338,27 +401,33 @@ class Supervisor:
             if not found:
                 continue
             first = _first_cause(found)
-            if first.get("kind") == "hang":
+            refused = self._refusal(first)
+            if refused:
+                self.reported.add(_key(first))
+                self.say(f"{first.kind.value} verdict not acted on: {refused}; the job stays supervised",
+                         _diagnosis(first))
+                continue
+            if first.kind is Kind.HANG:
                 action = self.policy.action_for(first)
-                unsure = _confidence(first) < self.policy.hang.min_confidence
+                unsure = first.confidence < self.policy.hang.min_confidence
                 if self.policy.hang.decision == "report" or unsure:
                     self.reported.add(_key(first))
-                    why = (f"confidence {_confidence(first):.2f} < hang.min_confidence "
+                    why = (f"confidence {first.confidence:.2f} < hang.min_confidence "
                            f"{self.policy.hang.min_confidence:.2f}" if unsure else "policy hang.decision: report")
-                    self.say(f"hang verdict ({why}): the job keeps running\n" + _diagnosis(first))
+                    self.say(f"hang verdict ({why}): the job keeps running", _diagnosis(first))
                     continue
                 record, trigger = first, "hang"
                 if self.mode == "auto" and self.policy.hang.decision == "by_action" and action in ("user_fix",
                                                                                                    "investigate"):
-                    self.say("the job hangs and needs a person:\n" + _diagnosis(first))
+                    self.say("the job hangs and needs a person:", _diagnosis(first))
                     printed = True
-                self.say(f"hang verdict: {first.get('root_cause')} (culprit {_who(first)}): stopping the job "
+                self.say(f"hang verdict: {first.root_cause.value} (culprit {_who(first)}): stopping the job "
                          f"(SIGTERM, {self.policy.stop_grace_s:.0f} s grace, SIGKILL)")
                 stop_tree(launch.proc.pid, launch.pids(), self.policy.stop_grace_s)
             else:
                 record, trigger = first, "crash_verdict"
                 if self.mode == "auto" and self.policy.action_for(first) in ("user_fix", "investigate"):
-                    self.say("the job failed and needs a person (not restarting):\n" + _diagnosis(first))
+                    self.say("the job failed and needs a person (not restarting):", _diagnosis(first))
                     printed = True
                 stop_by = time.monotonic() + self.policy.stop_grace_s  # torchrun tears down by itself; else we do
         launch.finish()
@@ -386,19 +455,23 @@ class Supervisor:
             record = self._wait_verdict(started)
         if record is not None:
             self.handled.add(_key(record))
-            culprit_host = (record.get("culprit") or {}).get("host")
-            if isinstance(culprit_host, str) and culprit_host and self.hosts:
+            culprit_host = record.culprit.host
+            if culprit_host and self.hosts:
                 self.hosts.add(culprit_host)
-            base.update(failure_id=record.get("failure_id"), kind=record.get("kind"),
-                        root_cause=record.get("root_cause"), culprit=record.get("culprit"))
-            try:
-                onset, detected = float(record["onset_time"]), float(record["detected_time"])
-                base["detection_latency_s"] = round(detected - onset, 3)
-                if record.get("kind") == "hang":
-                    # Without us the job would sit until the backend's watchdog fired (and then be restarted).
-                    base["time_saved_s"] = round(max(0.0, onset + self.policy.backend_timeout_s - ended), 1)
-            except (KeyError, TypeError, ValueError):
-                pass
+            base.update(failure_id=record.failure_id or None, kind=record.kind.value,
+                        root_cause=record.root_cause.value, culprit=asdict(record.culprit))
+            onset, detected = record.onset_time, record.detected_time
+            base["detection_latency_s"] = round(detected - onset, 3)
+            if record.kind is Kind.HANG:
+                # Without us the job would sit until the backend's watchdog fired (and then be restarted).
+                base["time_saved_s"] = round(max(0.0, onset + self.policy.backend_timeout_s - ended), 1)
+            refused = self._refusal(record)
+            if refused:
+                if not outcome["printed"]:
+                    self.say("the verdict:", _diagnosis(record))
+                d = Decision(decision="stop", reason=f"verdict not acted on: {refused}", **base)
+                self._record(d, launch)
+                return d
         if record is None and not (self.mode == "always" and status != 0):
             if status == 0:
                 d = Decision(decision="done", reason="the job completed", **base)
@@ -410,15 +483,14 @@ class Supervisor:
                              "restarting on a guess", **base)
             self._record(d, launch)
             return d
-        record = record or {}
-        action = self.policy.action_for(record) if record else None
+        action = self.policy.action_for(record) if record is not None else None
         base["action"] = action
-        hang_restart = record.get("kind") == "hang" and self.policy.hang.decision == "restart"
+        hang_restart = record is not None and record.kind is Kind.HANG and self.policy.hang.decision == "restart"
         wants_restart = self.mode == "always" or hang_restart or action in ("auto_restart",
                                                                             "exclude_node_and_restart")
         if not wants_restart:
-            if not outcome["printed"]:
-                print(_diagnosis(record), file=self.out, end="", flush=True)
+            if not outcome["printed"] and record is not None:
+                self._emit(_diagnosis(record))
             d = Decision(decision="stop", reason=f"action {action}: a restart would not fix it; diagnosis above",
                          **base)
             self._record(d, launch)
@@ -431,14 +503,13 @@ class Supervisor:
             d = Decision(decision="give_up", reason=f"restart budget spent ({b.max_restarts} per "
                          f"{_duration(b.window_s)}); raise budget.max_restarts or --max-restarts", **base)
             self._record(d, launch)
-            if record and not outcome["printed"]:
-                print(_diagnosis(record), file=self.out, end="", flush=True)
+            if record is not None and not outcome["printed"]:
+                self._emit(_diagnosis(record))
             return d
         backoff = self._backoff()
         d = Decision(decision="restart", reason="", backoff_s=round(backoff, 2), **base)
-        if action == "exclude_node_and_restart" and self.mode == "auto" or (
-                self.mode == "always" and action == "exclude_node_and_restart"):
-            self._exclude(record, d)
+        if action == "exclude_node_and_restart" and record is not None:
+            self._exclude(record, d)  # fields validated above (_refusal)
             d.decision = "exclude_and_restart"
         drained = self.exclude_drained()
         if drained:
@@ -456,38 +527,24 @@ class Supervisor:
         return d
 
 
-def _key(record: dict[str, Any]) -> str:
-    return str(record.get("failure_id") or (record.get("kind"), record.get("onset_time")))
+def _key(record: FailureRecord) -> str:
+    return record.failure_id or f"{record.kind.value}|{record.root_cause.value}|{record.onset_time}"
 
 
-def _confidence(record: dict[str, Any]) -> float:
-    try:
-        return float(record.get("confidence"))
-    except (TypeError, ValueError):
-        return 1.0
-
-
-def _first_cause(records: list[dict[str, Any]]) -> dict[str, Any]:
+def _first_cause(records: list[FailureRecord]) -> FailureRecord:
     """The record to act on: the earliest onset (the engine names one cause per incarnation; revisions keep id)."""
-    def onset(r):
-        try:
-            return float(r.get("onset_time") or r.get("detected_time") or 0)
-        except (TypeError, ValueError):
-            return 0.0
-    return min(records, key=onset)
+    return min(records, key=lambda r: r.onset_time)
 
 
-def _diagnosis(record: dict[str, Any]) -> str:
-    from otel_gpu.commands.report import format_failure
-
+def _diagnosis(record: FailureRecord) -> str:
     return format_failure(record)
 
 
-def _who(record: dict[str, Any]) -> str:
-    c = record.get("culprit") or {}
-    parts = [f"rank {c['rank']}" if c.get("rank") is not None else "", f"host {c['host']}" if c.get("host") else "",
-             f"GPU {c['gpu']}" if c.get("gpu") not in (None, "") else ""]
-    return ", ".join(p for p in parts if p) or "unknown"
+def _who(record: FailureRecord) -> str:
+    c = record.culprit
+    parts = [f"rank {c.rank}" if c.rank is not None else "", f"host {c.host}" if c.host else "",
+             f"GPU {c.gpu}" if c.gpu else ""]
+    return printable(", ".join(p for p in parts if p) or "unknown")
 
 
 def _signame(signum: int) -> str:

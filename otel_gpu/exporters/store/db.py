@@ -17,15 +17,19 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from otel_gpu.failure import FailureRecord, Revision, UnreadableRecord, from_json
 
 from otel_gpu.exporters.store import devices as _devices
 from otel_gpu.exporters.store.devices import culprit_counts, device_events, device_states
 
 __all__ = ["DB_FILE", "SCHEMA_VERSION", "StoreMissing", "StoreTooNew", "db_path", "open_writer", "open_reader",
            "failures", "failure_versions", "goodput", "latest_goodput", "jobs", "failure_count", "is_withdrawn",
-           "WITHDRAWN", "device_states", "device_events", "culprit_counts", "restarts"]
+           "WITHDRAWN", "device_states", "device_events", "culprit_counts", "restarts", "read_failures",
+           "StoredFailure", "Unreadable", "FailureRows", "Records"]
 
 DB_FILE = "otel-gpu.db"
 SCHEMA_VERSION = 4
@@ -166,19 +170,68 @@ def is_withdrawn(record: dict[str, Any]) -> bool:
     return record.get("status") == WITHDRAWN or record.get("withdrawn") is True
 
 
-def failures(conn: sqlite3.Connection, job_id: str | None = None, limit: int | None = None, *,
-             history: bool = False, withdrawn: bool = True) -> list[dict[str, Any]]:
-    """Failure records, newest first (by detection time): the latest version of each failure.
+@dataclass
+class StoredFailure:
+    """One failure row, read typed: ``record`` checked by :func:`otel_gpu.failure.from_json`; ``raw`` the JSON as
+    stored (every key, extra ones too: what ``otel-gpu report --format json`` prints)."""
+
+    row_id: int
+    record: FailureRecord
+    raw: dict[str, Any]
+    #: With ``history``: every version received, oldest first (``record`` None for a version that does not read).
+    versions: list[Revision] = field(default_factory=list)
+    raw_versions: list[dict[str, Any]] | None = None  # as stored; None: not asked for, or no failure_id
+
+
+@dataclass
+class Unreadable:
+    """A stored record that does not read as a failure record: left out, and said so."""
+
+    row_id: int
+    name: str  # its failure_id when it has one, else "#<row id>"
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"row_id": self.row_id, "id": self.name, "reason": self.reason}
+
+
+class FailureRows(list):
+    """``list[StoredFailure]``; ``unreadable``: the rows left out, each with why."""
+
+    def __init__(self, rows=(), unreadable=()):
+        super().__init__(rows)
+        self.unreadable: list[Unreadable] = list(unreadable)
+
+
+class Records(list):
+    """``list[dict]`` of the records that read; ``unreadable``: the rows left out, each with why."""
+
+    def __init__(self, rows=(), unreadable=()):
+        super().__init__(rows)
+        self.unreadable: list[Unreadable] = list(unreadable)
+
+
+def _loads(text: Any) -> Any:
+    try:
+        return json.loads(text)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise UnreadableRecord("record", f"not JSON ({type(exc).__name__})") from None
+
+
+def read_failures(conn: sqlite3.Connection, job_id: str | None = None, limit: int | None = None, *,
+                  history: bool = False, withdrawn: bool = True) -> FailureRows:
+    """Failure records, newest first (by detection time), the latest version of each failure, read typed. A row
+    that does not read (:class:`otel_gpu.failure.UnreadableRecord`) is left out and listed in ``unreadable``.
 
     Args:
-        history: add ``versions`` to each record that has a ``failure_id``: every version received, oldest
-            first, each ``{"version", "received_time", "record"}``.
+        history: fill ``versions`` of each record that has a ``failure_id``: every version received, oldest first.
         withdrawn: include withdrawn verdicts (marked by their record's ``status``).
     """
     layout = _version(conn)
     if layout < 1:
-        return []
-    sql = "SELECT record, failure_id FROM failures" if layout >= 2 else "SELECT record, NULL FROM failures"
+        return FailureRows()
+    sql = ("SELECT id, record, failure_id FROM failures" if layout >= 2
+           else "SELECT id, record, NULL FROM failures")
     where: list[str] = []
     args: list[Any] = []
     if job_id is not None:
@@ -193,22 +246,67 @@ def failures(conn: sqlite3.Connection, job_id: str | None = None, limit: int | N
     if limit is not None and limit >= 0:
         sql += " LIMIT ?"
         args.append(limit)
-    out = []
-    for text, failure_id in conn.execute(sql, args).fetchall():
-        record = json.loads(text)
+    out = FailureRows()
+    for row_id, text, failure_id in conn.execute(sql, args).fetchall():
+        name = failure_id if isinstance(failure_id, str) and failure_id else f"#{row_id}"
+        try:
+            raw = _loads(text)
+            record = from_json(raw)
+        except UnreadableRecord as exc:
+            out.unreadable.append(Unreadable(row_id, name, str(exc)))
+            continue
+        stored = StoredFailure(row_id, record, raw)
         if history and failure_id is not None:
-            record["versions"] = failure_versions(conn, failure_id)
+            stored.raw_versions = failure_versions(conn, failure_id)
+            stored.versions = [_revision(v) for v in stored.raw_versions]
+        out.append(stored)
+    return out
+
+
+def _revision(version: dict[str, Any]) -> Revision:
+    number = version.get("version")
+    received = version.get("received_time")
+    try:
+        return Revision(number, received, from_json(version.get("record")))
+    except UnreadableRecord as exc:
+        return Revision(number, received, None, str(exc))
+
+
+def failures(conn: sqlite3.Connection, job_id: str | None = None, limit: int | None = None, *,
+             history: bool = False, withdrawn: bool = True) -> Records:
+    """The records of :func:`read_failures` as their stored JSON (every key, extra ones too), newest first; those
+    that do not read are left out and listed in ``unreadable``.
+
+    Args:
+        history: add ``versions`` to each record that has a ``failure_id``: every version received, oldest
+            first, each ``{"version", "received_time", "record"}``.
+        withdrawn: include withdrawn verdicts (marked by their record's ``status``).
+    """
+    rows = read_failures(conn, job_id, limit, history=history, withdrawn=withdrawn)
+    out = Records(unreadable=rows.unreadable)
+    for row in rows:
+        record = dict(row.raw)
+        if row.raw_versions is not None:
+            record["versions"] = row.raw_versions
         out.append(record)
     return out
 
 
 def failure_versions(conn: sqlite3.Connection, failure_id: str) -> list[dict[str, Any]]:
-    """Every version of one failure the store received, oldest first: ``{"version", "received_time", "record"}``."""
+    """Every version of one failure the store received, oldest first: ``{"version", "received_time", "record"}``
+    (``record`` None for one that is not JSON)."""
     if _version(conn) < 2:
         return []
     rows = conn.execute("SELECT version, received_time, record FROM failure_versions WHERE failure_id = ? "
                         "ORDER BY version, id", (failure_id,))
-    return [{"version": v, "received_time": t, "record": json.loads(r)} for v, t, r in rows]
+    out = []
+    for v, t, r in rows:
+        try:
+            record = _loads(r)
+        except UnreadableRecord:
+            record = None
+        out.append({"version": v, "received_time": t, "record": record})
+    return out
 
 
 def failure_count(conn: sqlite3.Connection, signature: str | None = None) -> int:
