@@ -27,7 +27,7 @@ from typing import Any
 from otel_gpu.schema.failure import Action, Category, Kind, RootCause
 
 __all__ = ["Action", "Category", "Culprit", "FailureRecord", "Kind", "Revision", "RootCause", "TAXONOMY",
-           "UnreadableRecord", "evidence", "failure_lines", "format_failure", "format_seconds", "finite", "format_time",
+           "UnreadableRecord", "failure_lines", "format_failure", "format_seconds", "finite", "format_time",
            "from_json", "is_gpu_id", "is_host_name", "printable", "record_id"]
 
 # root_cause -> (category, action, auto_remediable). Category "software or user (by stack)" is decided by the engine.
@@ -54,12 +54,6 @@ TAXONOMY: dict[RootCause, tuple[Category, Action, bool]] = {
     RootCause.NODE_LOST: (Category.INFRASTRUCTURE, Action.EXCLUDE_NODE_AND_RESTART, True),
     RootCause.UNKNOWN: (Category.SOFTWARE, Action.INVESTIGATE, False),
 }
-
-
-def evidence(signal: str, value: Any, at: float | None = None) -> str:
-    """One line of evidence: ``signal=value @time`` (time in unix seconds, 3 decimals)."""
-    text = f"{signal}={value}"
-    return f"{text} @{at:.3f}" if at is not None else text
 
 
 @dataclass

@@ -3,7 +3,6 @@ and act on the verdict's action."""
 from __future__ import annotations
 
 import collections
-import json
 import logging
 import os
 import sys
@@ -591,7 +590,3 @@ def _all_gpus() -> list[str]:
             pynvml.nvmlShutdown()
     except Exception:  # noqa: BLE001 - no driver: nothing to exclude from
         return []
-
-
-def decisions_json(decisions: list[Decision]) -> str:
-    return json.dumps([asdict(d) for d in decisions], indent=2)
