@@ -16,7 +16,7 @@ from opentelemetry.proto.logs.v1 import logs_pb2
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 
 from otel_gpu.collector.config import load_text
-from otel_gpu.collector.runtime import Collector, StartError
+from otel_gpu.collector.runtime import Collector
 from otel_gpu.collector.telemetry import PrometheusSelfTelemetry
 from otel_gpu.component import FAILURE_HISTORY, ComponentHost
 from otel_gpu.config import ConfigError, build
@@ -88,8 +88,10 @@ def read(tmp_path):
 def test_failures_and_goodput_are_written_whole_and_read_back(tmp_path):
     exp, telemetry, _ = make(tmp_path)
     try:
-        older = failure(detected=1000.0, extra_key={"nested": [1, 2]})
-        newer = failure(job="job-2", signature="sig-b", detected=2000.0, kind="crash", root_cause="gpu_xid", xid=79)
+        t0 = time.time() - 3000.0  # detection times inside the store's window (time_window_past: 1 day)
+        older = failure(detected=t0 + 1000.0, extra_key={"nested": [1, 2]})
+        newer = failure(job="job-2", signature="sig-b", detected=t0 + 2000.0, kind="crash", root_cause="gpu_xid",
+                        xid=79)
         goodput = {"job_id": "job-1", "ettr": 0.8, "wall_time_s": 100.0, "productive_time_s": 80.0,
                    "badput_s": {"hang": 15.0, "startup": 5.0}, "steps": 42}
         assert exp.export(logs_batch([("otel_gpu.failure", older), ("otel_gpu.goodput", goodput)], plain=3)).value \
@@ -106,8 +108,8 @@ def test_failures_and_goodput_are_written_whole_and_read_back(tmp_path):
             assert db.goodput(conn, "job-2") is None
             indexed = conn.execute("SELECT kind, root_cause, job_id, signature, detected_time FROM failures "
                                    "ORDER BY id").fetchall()
-            assert indexed == [("hang", "rank_not_in_collective", "job-1", "sig-a", 1000.0),
-                               ("crash", "gpu_xid", "job-2", "sig-b", 2000.0)]
+            assert indexed == [("hang", "rank_not_in_collective", "job-1", "sig-a", t0 + 1000.0),
+                               ("crash", "gpu_xid", "job-2", "sig-b", t0 + 2000.0)]
         # 3 stored records + 3 plain log records counted as exported; nothing dropped
         assert telemetry.value(names.EXPORTED.name, "store", Signal.LOGS) == 6
         assert telemetry.value(names.DROPPED.name, "store", Signal.LOGS) == 0
@@ -284,8 +286,12 @@ def test_schema_version_and_newer_file_is_refused(tmp_path):
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         conn.execute("UPDATE schema_version SET version = 99")
     conn.close()
-    with pytest.raises(RuntimeError, match="schema version 99, newer"):
-        make(tmp_path)
+    newer, _, host = make(tmp_path)  # refused, the store alone: degraded, the collector would go on
+    try:
+        assert "schema version 99, newer" in newer.degraded
+        assert "schema version 99, newer" in host.services["degraded"]["exporters.store"]
+    finally:
+        newer.shutdown()
     with pytest.raises(db.StoreTooNew):
         db.open_reader(tmp_path / "data")
 
@@ -327,8 +333,12 @@ receivers: {{otlp: {{protocols: {{grpc: {{endpoint: "127.0.0.1:0"}}}}}}}}
 exporters: {{store: {{path: "{tmp_path / 'file'}"}}}}
 service: {{pipelines: {{logs: {{receivers: [otlp], exporters: [store]}}}}}}
 """))
-    with pytest.raises(StartError, match="exporters.store: could not start: store cannot open"):
-        bad.start()
+    bad.start()  # a store that cannot open degrades the store alone (issue 21), the collector runs
+    try:
+        assert "store cannot open" in bad.services["degraded"]["exporters.store"]
+        assert "check exporters.store.path" in bad.services["degraded"]["exporters.store"]
+    finally:
+        bad.shutdown()
 
 
 def test_traces_export_walks_resources_only(tmp_path):

@@ -31,6 +31,15 @@ class PrometheusSelfTelemetry:
                             registry=self.registry)
         self._capacity = Gauge(names.QUEUE_CAPACITY.prometheus_name, names.QUEUE_CAPACITY.description, _LABELS[:1],
                                registry=self.registry)
+        # Per-component counters and gauges beyond the five calls above (schema metrics with a component label only)
+        self._poison = Counter(names.POISON_RECORDS.prometheus_name.removesuffix("_total"),
+                               names.POISON_RECORDS.description, _LABELS[:1], registry=self.registry)
+        self._out_of_window = Counter(names.OUT_OF_WINDOW.prometheus_name.removesuffix("_total"),
+                                      names.OUT_OF_WINDOW.description, _LABELS[:1], registry=self.registry)
+        self._degraded = Gauge(names.DEGRADED.prometheus_name, names.DEGRADED.description, _LABELS[:1],
+                               registry=self.registry)
+        self._by_component = {names.POISON_RECORDS.name: self._poison, names.OUT_OF_WINDOW.name: self._out_of_window,
+                              names.DEGRADED.name: self._degraded}
 
     def received(self, component: str, signal: Signal, n: int) -> None:
         self._received.labels(component, signal.value).inc(n)
@@ -48,9 +57,18 @@ class PrometheusSelfTelemetry:
         self._queue.labels(component).set(size)
         self._capacity.labels(component).set(capacity)
 
+    def count(self, metric, component: str, n: int = 1) -> None:
+        """Adds ``n`` to a per-component counter of the schema (``POISON_RECORDS``, ``OUT_OF_WINDOW``)."""
+        self._by_component[metric.name].labels(component).inc(n)
+
+    def gauge(self, metric, component: str, value: float) -> None:
+        """Sets a per-component gauge of the schema (``DEGRADED``)."""
+        self._by_component[metric.name].labels(component).set(value)
+
     def value(self, metric: str, component: str, signal: Signal | str | None = None) -> float:
         """Current value of one series (``metric`` is the schema name), for tests and the report."""
-        known = (names.RECEIVED, names.REFUSED, names.EXPORTED, names.DROPPED, names.QUEUE_SIZE)
+        known = (names.RECEIVED, names.REFUSED, names.EXPORTED, names.DROPPED, names.QUEUE_SIZE, names.POISON_RECORDS,
+                 names.OUT_OF_WINDOW, names.DEGRADED)
         for obj in known:
             if obj.name == metric:
                 labels = {_LABELS[0]: component}

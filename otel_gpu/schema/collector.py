@@ -21,3 +21,13 @@ QUEUE_SIZE = metric("otel_gpu.collector.queue.size", MetricType.GAUGE, "{batch}"
                     "Batches waiting in an exporter's queue.", group=_G, attributes=(COMPONENT,))
 QUEUE_CAPACITY = metric("otel_gpu.collector.queue.capacity", MetricType.GAUGE, "{batch}",
                         "Capacity of an exporter's queue.", group=_G, attributes=(COMPONENT,))
+POISON_RECORDS = metric("otel_gpu.collector.poison_records", MetricType.COUNTER, "{record}",
+                        "Records a store could not write (a value SQLite or JSON refuses), dropped alone: the rest "
+                        "of their batch was written.", group=_G, attributes=(COMPONENT,))
+OUT_OF_WINDOW = metric("otel_gpu.collector.out_of_window", MetricType.COUNTER, "{timestamp}",
+                       "Timestamps outside the window a component accepts around receipt (time_window_past / "
+                       "time_window_future), refused or replaced by the receipt time.", group=_G,
+                       attributes=(COMPONENT,))
+DEGRADED = metric("otel_gpu.collector.degraded", MetricType.GAUGE, "{state}",
+                  "1 while a component runs degraded (a store that cannot open or write), else 0; the rest of the "
+                  "collector goes on.", group=_G, attributes=(COMPONENT,))

@@ -1,9 +1,17 @@
-"""The ``store`` exporter: failure records, goodput summaries and job sightings into SQLite, off the pipeline thread."""
+"""The ``store`` exporter: failure records, goodput summaries and job sightings into SQLite, off the pipeline thread.
+
+Faults stay in the store (issue 21): a store that cannot open (full disk, corrupt file, another collector holding its
+lock) or write leaves the exporter *degraded*, never the collector stopped: it says so (an error naming the file and
+the fix, ``host.services["degraded"]`` for the health check, the ``otel_gpu.collector.degraded`` gauge), drops and
+counts what it cannot write, and tries again every ``reopen_interval``. A record SQLite refuses drops alone.
+"""
 from __future__ import annotations
 
 import collections
+import fcntl
 import json
 import logging
+import os
 import queue
 import sqlite3
 import threading
@@ -16,6 +24,7 @@ from otel_gpu.exporters.store import db
 from otel_gpu.exporters.store import devices as device_store
 from otel_gpu.exporters.store.config import StoreExporterConfig
 from otel_gpu.pdata import Batch, Signal, body_object, event_name, log_records, to_python
+from otel_gpu.schema import collector as collector_schema
 from otel_gpu.schema import failure as failure_schema
 from otel_gpu.schema import health as health_schema
 from otel_gpu.schema import identity
@@ -36,6 +45,9 @@ _IDENTITY_KEYS = frozenset((_JOB, _HOST, _RANK, _WORLD))
 _MAX_BATCH = 500  # records per transaction
 _KNOWN_MAX = 1_000_000  # (job, rank) / (job, host) pairs remembered as written
 _IDENTITY_CACHE = 4096  # distinct resources remembered (a node has a few ranks and devices)
+LOCK_FILE = db.DB_FILE + ".lock"  # beside the file: one writing collector per store (flock; readers never take it)
+_LOG_EVERY_S = 60.0  # a repeating fault (a poison record, a full disk) is logged at most this often per kind
+_SQLITE_MAGIC = b"SQLite format 3\x00"
 
 
 def _int(value: Any) -> int | None:
@@ -56,6 +68,54 @@ def _num(value: Any) -> float | None:
         return float(value)
     except (TypeError, ValueError):
         return None
+
+
+def store_fault(exc: BaseException) -> bool:
+    """True when ``exc`` is the store's own fault (a full disk, an I/O error, a corrupt or locked file), which every
+    record would hit; False for one record's (a lone surrogate, an integer SQLite cannot hold, a value JSON refuses),
+    which only that record should pay for."""
+    if isinstance(exc, OSError):
+        return True
+    return isinstance(exc, sqlite3.DatabaseError) and not isinstance(
+        exc, (sqlite3.IntegrityError, sqlite3.DataError, sqlite3.ProgrammingError, sqlite3.InterfaceError))
+
+
+class StoreBusy(RuntimeError):
+    """Another process (a second collector) holds the store's lock file."""
+
+
+class _RateLog:
+    """Logs a repeating problem at most once per ``every_s`` per key, with how many were not logged since: a poison
+    record per minute shows up every minute, not once forever and not 10,000 times."""
+
+    def __init__(self, logger: logging.Logger, every_s: float = _LOG_EVERY_S):
+        self._logger, self._every_s = logger, every_s
+        self._last: dict[Any, tuple[float, int]] = {}
+
+    def __call__(self, key: Any, level: int, msg: str, *args: Any, **kwargs: Any) -> None:
+        now = time.monotonic()
+        last, quiet = self._last.get(key, (None, 0))
+        if last is not None and now - last < self._every_s:
+            self._last[key] = (last, quiet + 1)
+            return
+        self._last[key] = (now, 0)
+        if quiet:
+            msg += f" ({quiet} more like it in the last {self._every_s:g} s)"
+        self._logger.log(level, msg, *args, **kwargs)
+
+
+class _Ticket:
+    """Put behind a batch's records: set once they are committed (``ok``) or given up on."""
+
+    __slots__ = ("event", "ok")
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.ok = False
+
+    def done(self, ok: bool) -> None:
+        self.ok = ok
+        self.event.set()
 
 
 class _JobSeen:
@@ -147,8 +207,9 @@ class FailureHistory:
 class StoreExporter(Exporter):
     """Writes failures, goodput and job sightings to ``<path>/otel-gpu.db`` from its own thread.
 
-    ``export()`` never blocks: events go to a bounded queue (full: dropped and counted), job sightings are merged
-    in memory and written every ``flush_interval_s``. Only resources are walked for traces and metrics.
+    Events go to a bounded queue (full: dropped and counted) and ``export()`` waits up to ``durable_timeout_s`` for
+    their commit, so that what the receiver answers 200 for survives a SIGKILL; job sightings are merged in memory and
+    written every ``flush_interval_s``. Only resources are walked for traces and metrics (which never wait).
     """
 
     def __init__(self, config: StoreExporterConfig, host: ComponentHost):
@@ -169,7 +230,13 @@ class StoreExporter(Exporter):
         self._thread: threading.Thread | None = None
         self._stop = object()
         self._conn: sqlite3.Connection | None = None
+        self._lock_fd: int | None = None
         self.written = 0  # records committed (tests, report)
+        self.poisoned = 0  # records SQLite or JSON refused, dropped alone (their batch was written)
+        self.out_of_window = 0  # record times outside the window, indexed as the receipt time instead
+        self.degraded: str | None = None  # why the store cannot write now, or None
+        self._rate_log = _RateLog(_logger)
+        self._degraded_key = f"exporters.{host.component_id}"
 
     # -- pipeline side -------------------------------------------------------------------------------------------
     def export(self, batch: Batch) -> ExportResult:
@@ -183,6 +250,7 @@ class StoreExporter(Exporter):
         self._see_resources(message.resource_logs)
         ignored = queued = dropped = 0
         now = time.time()
+        ticket = None
         for _, _, record in log_records(message):
             name = event_name(record)
             if name not in _EVENTS:
@@ -203,8 +271,20 @@ class StoreExporter(Exporter):
             self.host.telemetry.exported(cid, Signal.LOGS, ignored)
         if dropped:
             self.host.telemetry.dropped(cid, Signal.LOGS, dropped)
-            self.host.log_once("queue_full", logging.WARNING, "store %s: queue full (%d records); new records are "
-                               "dropped and counted (logged once)", cid, self.config.queue_size)
+            self._rate_log("queue_full", logging.WARNING, "store %s: queue full (%d records); new records are "
+                           "dropped and counted", cid, self.config.queue_size)
+        if queued and self.config.durable_timeout_s > 0 and self.degraded is None and self._thread is not None:
+            # Durable before the answer: the receiver answers when this returns. The writer commits what waits in
+            # one transaction, so concurrent senders share a commit (group commit).
+            ticket = _Ticket()
+            try:
+                self._queue.put(ticket, timeout=self.config.durable_timeout_s)
+            except queue.Full:
+                ticket = None
+            if ticket is not None and not ticket.event.wait(self.config.durable_timeout_s):
+                self._rate_log("slow_commit", logging.WARNING, "store %s: records not committed within "
+                               "durable_timeout %.1f s; answered before they are durable", cid,
+                               self.config.durable_timeout_s)
         return ExportResult.QUEUED
 
     def _enqueue(self, name: str, body: dict[str, Any], now: float) -> bool:
@@ -276,17 +356,102 @@ class StoreExporter(Exporter):
 
     # -- lifecycle -----------------------------------------------------------------------------------------------
     def start(self) -> None:
-        try:
-            self._conn = db.open_writer(self.path)
-        except (OSError, sqlite3.Error, db.StoreTooNew) as exc:
-            raise RuntimeError(f"store cannot open {db.db_path(self.path)}: {exc}; check exporters."
-                               f"{self.host.component_id}.path") from None
-        self.devices.load(self._conn)
-        self._retention()
+        # Never raises: a store that cannot open degrades the store alone, and the writer tries again (issue 21: a
+        # full disk or a corrupt file stopped every receiver and exporter from starting).
+        self._open()
         self._thread = threading.Thread(target=self._run, name=f"otel-gpu-store-{self.host.component_id}",
                                         daemon=True)
         self._thread.start()
-        _logger.info("store exporter %s writing %s", self.host.component_id, db.db_path(self.path))
+
+    def _open(self) -> bool:
+        """Takes the lock, opens (creates, migrates) the file and runs retention; on failure: degraded, False."""
+        file = db.db_path(self.path)
+        try:
+            self._take_lock()
+            conn = db.open_writer(self.path)
+        except StoreBusy as exc:
+            self._degrade(str(exc))
+            return False
+        except db.StoreTooNew as exc:
+            self._degrade(str(exc))
+            return False
+        except (OSError, sqlite3.Error) as exc:
+            self._degrade(f"store cannot open {file}: {exc}; {self._fix(exc)}")
+            return False
+        self._conn = conn
+        try:
+            self.devices.load(conn)
+            self._retention()
+        except sqlite3.Error as exc:  # a corrupt page can still open; it is reported, the writer goes on
+            self._degrade(f"store {file} opened but cannot be read or cleaned: {exc}; {self._fix(exc)}")
+            return True
+        self._recovered()
+        _logger.info("store exporter %s writing %s", self.host.component_id, file)
+        return True
+
+    def _fix(self, exc: BaseException) -> str:
+        file, key = db.db_path(self.path), f"exporters.{self.host.component_id}.path"
+        text = str(exc).lower()
+        if isinstance(exc, OSError) and exc.errno in (28, 122) or "full" in text:  # ENOSPC, EDQUOT
+            return f"free space on the disk of {file.parent} or set {key} to a folder with room"
+        if "not a database" in text or "malformed" in text or "corrupt" in text:
+            return (f"stop the collector, move {file} (with its -wal and -shm files) aside to keep it, and start "
+                    f"again (a new store is created; `sqlite3 {file} .recover` may save the old records)")
+        if "readonly" in text or "read-only" in text or isinstance(exc, PermissionError):
+            return f"make {file.parent} writable by the collector or set {key}"
+        return f"check {key} (a writable folder)"
+
+    def _take_lock(self) -> None:
+        """flock on ``<path>/otel-gpu.db.lock`` (held until shutdown, released by the kernel on any exit, SIGKILL
+        too); the holder's pid is written in it for the next one's message."""
+        if self._lock_fd is not None:
+            return
+        self.path.mkdir(parents=True, exist_ok=True)
+        lock_path = self.path / LOCK_FILE
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:
+                holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+            except OSError:
+                holder = ""
+            os.close(fd)
+            who = f"pid {holder}" if holder.isdigit() else "pid unknown"
+            raise StoreBusy(f"store {db.db_path(self.path)} is in use by another collector ({who}, holding "
+                            f"{lock_path}); give each collector its own exporters.{self.host.component_id}.path "
+                            f"(`otel-gpu report` reads it without the lock)") from None
+        except OSError:
+            os.close(fd)
+            raise
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError:  # a full disk: the lock holds, only the pid in the message is missing
+            pass
+        self._lock_fd = fd
+
+    def _degrade(self, reason: str) -> None:
+        first = self.degraded is None
+        self.degraded = reason
+        self.host.services.setdefault("degraded", {})[self._degraded_key] = reason
+        _set_degraded_gauge(self.host, self.host.component_id, 1.0)
+        if first:
+            _logger.error("store %s degraded, the rest of the collector goes on: %s (records for the store are "
+                          "dropped and counted; tried again every %s s)", self.host.component_id, reason,
+                          f"{self.config.reopen_interval_s:g}")
+        else:
+            self._rate_log(("degraded", reason), logging.ERROR, "store %s still degraded: %s",
+                           self.host.component_id, reason)
+
+    def _recovered(self) -> None:
+        self._fault = None
+        if self.degraded is None:
+            return
+        self.degraded = None
+        self.host.services.get("degraded", {}).pop(self._degraded_key, None)
+        _set_degraded_gauge(self.host, self.host.component_id, 0.0)
+        _logger.warning("store %s writes %s again", self.host.component_id, db.db_path(self.path))
 
     def force_flush(self, timeout_s: float = 5.0) -> bool:
         if self._thread is None or not self._thread.is_alive():
@@ -319,6 +484,9 @@ class StoreExporter(Exporter):
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # releases the flock
+            self._lock_fd = None
         self.history.close()
         self.devices.close()
 
@@ -333,6 +501,10 @@ class StoreExporter(Exporter):
                 lost.append(item[3])
                 if item[0] == _FAILURE:
                     self.devices.remove_pending([item[1]])
+            elif isinstance(item, _Ticket):
+                item.done(False)
+            elif isinstance(item, threading.Event):
+                item.set()
         self.history.remove_pending([s for s in lost if s])
         if lost:
             self.host.telemetry.dropped(self.host.component_id, Signal.LOGS, len(lost))
@@ -340,8 +512,11 @@ class StoreExporter(Exporter):
     # -- writer thread -------------------------------------------------------------------------------------------
     def _run(self) -> None:
         cfg = self.config
-        next_jobs = time.monotonic() + cfg.flush_interval_s
-        next_retention = time.monotonic() + cfg.retention_interval_s
+        now = time.monotonic()
+        next_jobs = now + cfg.flush_interval_s
+        next_retention = now + cfg.retention_interval_s
+        next_open = now + cfg.reopen_interval_s
+        next_check = now + cfg.check_interval_s if cfg.check_interval_s > 0 else float("inf")
         stop = False
         while not stop:
             items: list[Any] = []
@@ -352,32 +527,105 @@ class StoreExporter(Exporter):
             except queue.Empty:
                 pass
             records = [i for i in items if isinstance(i, tuple)]
+            tickets = [i for i in items if isinstance(i, _Ticket)]
             markers = [i for i in items if isinstance(i, threading.Event)]
             stop = any(i is self._stop for i in items)
             now = time.monotonic()
             flush_jobs = bool(markers) or stop or now >= next_jobs
-            try:
-                self._write(records, flush_jobs)
-            except Exception:  # noqa: BLE001 - the writer must outlive a bad record or a full disk
-                self.host.log_once("write", logging.ERROR, "store %s: write failed; %d records dropped "
-                                   "(logged once)", self.host.component_id, len(records), exc_info=True)
-                self.history.remove_pending([r[3] for r in records if r[3]])
-                self.devices.remove_pending([r[1] for r in records if r[0] == _FAILURE])
-                self.host.telemetry.dropped(self.host.component_id, Signal.LOGS, len(records))
+            if self._conn is None and now >= next_open:  # the disk was freed, the other collector left, ...
+                next_open = now + cfg.reopen_interval_s
+                self._open()
+            ok = False
+            if self._conn is None:
+                self._drop(records, "the store is not open")
+            else:
+                try:
+                    ok = True
+                    if self._write(records, flush_jobs) and self._fault == "write":
+                        self._recovered()
+                except Exception as exc:  # noqa: BLE001 - the writer must outlive a bad record or a full disk
+                    ok = False
+                    self._drop(records, f"{type(exc).__name__}: {exc}")
+                    if store_fault(exc):
+                        self._fault = "write"
+                        self._degrade(f"store cannot write {db.db_path(self.path)}: {exc}; {self._fix(exc)}")
+                    else:  # not SQLite's refusal of one record, nor the store's fault: a bug
+                        self._rate_log("write", logging.ERROR, "store %s: write failed; %d records dropped",
+                                       self.host.component_id, len(records), exc_info=True)
             if flush_jobs:
                 next_jobs = now + cfg.flush_interval_s
-            if now >= next_retention:
+                if self._conn is not None:
+                    self._check_header()
+            if self._conn is not None and now >= next_check:
+                next_check = now + cfg.check_interval_s
+                self._check_integrity()
+            if now >= next_retention and self._conn is not None:
                 next_retention = now + cfg.retention_interval_s
                 try:
                     self._retention()
-                except sqlite3.Error:
-                    self.host.log_once("retention", logging.ERROR, "store: retention failed (logged once)",
-                                       exc_info=True)
+                except sqlite3.Error as exc:
+                    self._rate_log("retention", logging.ERROR, "store %s: retention failed on %s: %s; %s",
+                                   self.host.component_id, db.db_path(self.path), exc, self._fix(exc))
             self.host.telemetry.queue(self.host.component_id, self._queue.qsize(), cfg.queue_size)
+            for ticket in tickets:
+                ticket.done(ok)
             for marker in markers:
                 marker.set()
 
-    def _write(self, records: list[tuple[str, dict[str, Any], float, str]], flush_jobs: bool) -> None:
+    _fault: str | None = None  # what degraded a store that is open: "write" (cleared by a write), "check"
+
+    def _drop(self, records: list[tuple[str, dict[str, Any], float, str]], why: str) -> None:
+        if not records:
+            return
+        self.history.remove_pending([r[3] for r in records if r[3]])
+        self.devices.remove_pending([r[1] for r in records if r[0] == _FAILURE])
+        self.host.telemetry.dropped(self.host.component_id, Signal.LOGS, len(records))
+        self._rate_log("dropped", logging.ERROR, "store %s: %d records dropped, not written to %s (%s)",
+                       self.host.component_id, len(records), db.db_path(self.path), why)
+
+    def _check_header(self) -> None:
+        """The file still starts as an SQLite file: bytes overwritten while running were silent (issue 21), since
+        the writer's own page cache hides them until a checkpoint or a reader trips on them."""
+        try:
+            with open(db.db_path(self.path), "rb") as f:
+                head = f.read(len(_SQLITE_MAGIC))
+        except OSError as exc:
+            head, why = b"", f"cannot read it ({exc})"
+        else:
+            why = f"its header is {head[:16]!r}, not SQLite's"
+        if head == _SQLITE_MAGIC:
+            return
+        self._corrupt(why)
+
+    def _check_integrity(self) -> None:
+        """``PRAGMA quick_check`` through a fresh read-only connection (the writer's page cache would hide pages
+        changed on disk); clears a degraded state this check raised once the file checks out again."""
+        file = db.db_path(self.path)
+        try:
+            conn = sqlite3.connect(f"{file.resolve().as_uri()}?mode=ro", uri=True, timeout=5.0)
+            try:
+                rows = [r[0] for r in conn.execute("PRAGMA quick_check(3)")]
+            finally:
+                conn.close()
+        except sqlite3.Error as exc:
+            rows = [str(exc)]
+        if rows == ["ok"]:
+            if self._fault == "check":
+                self._recovered()
+            return
+        self._corrupt("quick_check: " + "; ".join(rows)[:300])
+
+    def _corrupt(self, why: str) -> None:
+        file = db.db_path(self.path)
+        self._fault = "check"
+        self._degrade(f"store {file} is corrupt ({why}); records are still written where SQLite can, readers may "
+                      f"fail. Fix: {self._fix(sqlite3.DatabaseError('malformed'))}")
+
+    def _write(self, records: list[tuple[str, dict[str, Any], float, str]], flush_jobs: bool) -> bool:
+        """Writes ``records`` and (if ``flush_jobs``) the job sightings in one transaction; True if it wrote any.
+
+        If one record fails (a value SQLite or JSON refuses), the batch is written again one record at a time
+        (a savepoint each), so that only that record drops (issue 21: a lone surrogate lost its 500 neighbours)."""
         conn = self._conn
         assert conn is not None
         for name, body, received, _ in records:
@@ -389,35 +637,103 @@ class StoreExporter(Exporter):
             with self._jobs_lock:
                 jobs, self._jobs = self._jobs, {}
         if not records and not jobs:
-            return
-        conn.execute("BEGIN IMMEDIATE")
+            return False
         try:
-            for name, body, received, _pending in records:
-                if name == _FAILURE:
-                    self._insert_failure(conn, body, received)
-                    device_store.link_failure(conn, body, received, self.devices.ids(body))
-                elif name == _DEVICE:
-                    device_store.insert_state(conn, body, received)
-                elif name == _RESTART:
-                    conn.execute("INSERT INTO restarts (job_id, time, received_time, record) VALUES (?, ?, ?, ?)",
-                                 (str(body.get("job_id") or ""), _num(body.get("time")), received,
-                                  json.dumps(body, sort_keys=True)))
-                else:
-                    self._insert_goodput(conn, body, received)
-            self._write_jobs(conn, jobs)
+            try:
+                written, poisoned, known = self._transaction(conn, records, jobs, alone=False)
+            except Exception as exc:  # noqa: BLE001 - sorted below
+                if store_fault(exc):
+                    raise
+                written, poisoned, known = self._transaction(conn, records, jobs, alone=True)
         except BaseException:
-            conn.execute("ROLLBACK")
             with self._jobs_lock:  # sightings are merged back, not lost
                 for job, seen in jobs.items():
                     self._merge_job(job, seen)
             raise
+        self._known_ranks.update(known[0])
+        self._known_hosts.update(known[1])
+        if len(self._known_ranks) > _KNOWN_MAX or len(self._known_hosts) > _KNOWN_MAX:
+            self._known_ranks.clear()
+            self._known_hosts.clear()
+        self.written += len(written)
+        cid = self.host.component_id
+        if written:
+            self.host.telemetry.exported(cid, Signal.LOGS, len(written))
+        if poisoned:
+            self.poisoned += len(poisoned)
+            self.host.telemetry.dropped(cid, Signal.LOGS, len(poisoned))
+            _count(self.host, "poison", cid, len(poisoned))
+            for (name, body, _, _), exc in poisoned:
+                self._rate_log("poison", logging.ERROR, "store %s: dropped one %s record that SQLite or JSON refuses "
+                               "(%s: %s; job %s); the rest of its batch was written", cid, name,
+                               type(exc).__name__, str(exc)[:200], ascii(body.get("job_id"))[:80])
+        return True
+
+    def _transaction(self, conn: sqlite3.Connection, records: list[tuple[str, dict[str, Any], float, str]],
+                     jobs: dict[str, _JobSeen], alone: bool) -> tuple[list, list, tuple[list, list]]:
+        """One transaction; ``alone``: each record (and job) in its own savepoint, a refused one rolled back and
+        returned in ``poisoned`` instead of failing the rest. Returns (written, poisoned, (new ranks, new hosts))."""
+        written: list[tuple[str, dict[str, Any], float, str]] = []
+        poisoned: list[tuple[tuple[str, dict[str, Any], float, str], BaseException]] = []
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for record in records:
+                if alone:
+                    conn.execute("SAVEPOINT record")
+                try:
+                    self._insert(conn, record)
+                except Exception as exc:  # noqa: BLE001 - sorted: the store's fault fails all, a record's only it
+                    if not alone or store_fault(exc):
+                        raise
+                    conn.execute("ROLLBACK TO record")
+                    conn.execute("RELEASE record")
+                    poisoned.append((record, exc))
+                    continue
+                if alone:
+                    conn.execute("RELEASE record")
+                written.append(record)
+            known = self._write_jobs(conn, jobs, alone)
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
         with self.history.commit_lock, self.devices.commit_lock:
-            conn.execute("COMMIT")
+            try:
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
             self.history.remove_pending([r[3] for r in records if r[3]])
             self.devices.remove_pending([r[1] for r in records if r[0] == _FAILURE])
-        self.written += len(records)
-        if records:
-            self.host.telemetry.exported(self.host.component_id, Signal.LOGS, len(records))
+        return written, poisoned, known
+
+    def _insert(self, conn: sqlite3.Connection, record: tuple[str, dict[str, Any], float, str]) -> None:
+        name, body, received, _pending = record
+        if name == _FAILURE:
+            self._insert_failure(conn, body, received)
+            device_store.link_failure(conn, body, received, self.devices.ids(body))
+        elif name == _DEVICE:
+            device_store.insert_state(conn, body, received)
+        elif name == _RESTART:
+            conn.execute("INSERT INTO restarts (job_id, time, received_time, record) VALUES (?, ?, ?, ?)",
+                         (str(body.get("job_id") or ""), self._when(body.get("time"), received), received,
+                          json.dumps(body, sort_keys=True)))
+        else:
+            self._insert_goodput(conn, body, received)
+
+    def _when(self, value: Any, received: float) -> float | None:
+        """A record's time as indexed: as given inside [received - past, received + future]; else the receipt time,
+        counted (the record's JSON keeps what was sent)."""
+        t = _num(value)
+        if t is None:
+            return None
+        cfg = self.config
+        if received - cfg.time_window_past_s <= t <= received + cfg.time_window_future_s:
+            return t
+        self.out_of_window += 1
+        _count(self.host, "out_of_window", self.host.component_id, 1)
+        return received
 
     def _merge_job(self, job: str, seen: _JobSeen) -> None:
         cur = self._jobs.get(job)
@@ -429,8 +745,7 @@ class StoreExporter(Exporter):
         cur.hosts |= seen.hosts
         cur.world_size = cur.world_size if cur.world_size is not None else seen.world_size
 
-    @staticmethod
-    def _insert_failure(conn: sqlite3.Connection, body: dict[str, Any], received: float) -> None:
+    def _insert_failure(self, conn: sqlite3.Connection, body: dict[str, Any], received: float) -> None:
         """One row per failure: a record with a ``failure_id`` replaces an older version of the same failure (never
         a newer one: versions may arrive out of order after a replay), and every version lands in
         ``failure_versions`` once (a redelivered version is ignored)."""
@@ -442,7 +757,7 @@ class StoreExporter(Exporter):
         signature = str(body.get("signature") or "")
         row = (_text(body.get("kind")), _text(body.get("root_cause")),
                None if body.get("job_id") is None else str(body["job_id"]), signature or None,
-               _num(body.get("detected_time")), received, text, failure_id, version, status)
+               self._when(body.get("detected_time"), received), received, text, failure_id, version, status)
         if failure_id is None:
             conn.execute("INSERT INTO failures (kind, root_cause, job_id, signature, detected_time, received_time, "
                          "record, failure_id, version, status) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
@@ -470,24 +785,43 @@ class StoreExporter(Exporter):
         conn.execute("INSERT INTO goodput_history (job_id, received_time, summary) VALUES (?, ?, ?)",
                      (job, received, json.dumps(history, sort_keys=True) if "timeline" in body else text))
 
-    def _write_jobs(self, conn: sqlite3.Connection, jobs: dict[str, _JobSeen]) -> None:
+    def _write_jobs(self, conn: sqlite3.Connection, jobs: dict[str, _JobSeen],
+                    alone: bool = False) -> tuple[list[tuple[str, int]], list[tuple[str, str]]]:
+        """Upserts job sightings; returns the (job, rank) and (job, host) pairs written, remembered once committed.
+        ``alone``: a job SQLite refuses (an id from a record body with a lone surrogate) drops alone."""
+        all_ranks: list[tuple[str, int]] = []
+        all_hosts: list[tuple[str, str]] = []
         for job, seen in jobs.items():
-            conn.execute("INSERT INTO jobs (job_id, first_seen, last_seen, world_size) VALUES (?, ?, ?, ?) "
-                         "ON CONFLICT(job_id) DO UPDATE SET first_seen = min(first_seen, excluded.first_seen), "
-                         "last_seen = max(last_seen, excluded.last_seen), "
-                         "world_size = coalesce(excluded.world_size, world_size)",
-                         (job, seen.first, seen.last, seen.world_size))
             new_ranks = [(job, r) for r in seen.ranks if (job, r) not in self._known_ranks]
             new_hosts = [(job, h) for h in seen.hosts if (job, h) not in self._known_hosts]
-            if new_ranks:
-                conn.executemany("INSERT OR IGNORE INTO job_ranks (job_id, rank) VALUES (?, ?)", new_ranks)
-            if new_hosts:
-                conn.executemany("INSERT OR IGNORE INTO job_hosts (job_id, host) VALUES (?, ?)", new_hosts)
-            if len(self._known_ranks) > _KNOWN_MAX or len(self._known_hosts) > _KNOWN_MAX:
-                self._known_ranks.clear()
-                self._known_hosts.clear()
-            self._known_ranks.update(new_ranks)
-            self._known_hosts.update(new_hosts)
+            if alone:
+                conn.execute("SAVEPOINT job")
+            try:
+                conn.execute("INSERT INTO jobs (job_id, first_seen, last_seen, world_size) VALUES (?, ?, ?, ?) "
+                             "ON CONFLICT(job_id) DO UPDATE SET first_seen = min(first_seen, excluded.first_seen), "
+                             "last_seen = max(last_seen, excluded.last_seen), "
+                             "world_size = coalesce(excluded.world_size, world_size)",
+                             (job, seen.first, seen.last, seen.world_size))
+                if new_ranks:
+                    conn.executemany("INSERT OR IGNORE INTO job_ranks (job_id, rank) VALUES (?, ?)", new_ranks)
+                if new_hosts:
+                    conn.executemany("INSERT OR IGNORE INTO job_hosts (job_id, host) VALUES (?, ?)", new_hosts)
+            except Exception as exc:  # noqa: BLE001
+                if not alone or store_fault(exc):
+                    raise
+                conn.execute("ROLLBACK TO job")
+                conn.execute("RELEASE job")
+                self.poisoned += 1
+                _count(self.host, "poison", self.host.component_id, 1)
+                self._rate_log("poison_job", logging.ERROR, "store %s: dropped the sighting of a job whose id "
+                               "SQLite refuses (%s: %s)", self.host.component_id, type(exc).__name__,
+                               str(exc)[:200])
+                continue
+            if alone:
+                conn.execute("RELEASE job")
+            all_ranks += new_ranks
+            all_hosts += new_hosts
+        return all_ranks, all_hosts
 
     def _retention(self) -> None:
         conn = self._conn
@@ -515,5 +849,20 @@ class StoreExporter(Exporter):
                     self._known_hosts.clear()
                 conn.execute("COMMIT")
             except BaseException:
-                conn.execute("ROLLBACK")
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
                 raise
+
+
+def _count(host: ComponentHost, what: str, component: str, n: int) -> None:
+    """Self-telemetry beyond the SelfTelemetry protocol's five calls, where the host's telemetry offers it."""
+    metric = {"poison": collector_schema.POISON_RECORDS, "out_of_window": collector_schema.OUT_OF_WINDOW}[what]
+    count = getattr(host.telemetry, "count", None)
+    if count is not None:
+        count(metric, component, n)
+
+
+def _set_degraded_gauge(host: ComponentHost, component: str, value: float) -> None:
+    gauge = getattr(host.telemetry, "gauge", None)
+    if gauge is not None:
+        gauge(collector_schema.DEGRADED, component, value)

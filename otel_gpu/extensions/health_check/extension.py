@@ -46,6 +46,11 @@ class HealthCheckExtension(Extension):
         body = {"status": "Server available" if healthy else "Server not available",
                 "upSince": self._up_since.isoformat().replace("+00:00", "Z"),
                 "uptime": format_duration(round(time.monotonic() - self._t0, 3))}
+        # A component that runs degraded (a store that cannot write) leaves the collector available (a restart would
+        # not mend a full disk) and is named here: {"components": {"exporters.store": {"status": "degraded", ...}}}.
+        degraded = dict(self.host.services.get("degraded") or {})
+        if degraded:
+            body["components"] = {name: {"status": "degraded", "error": why} for name, why in sorted(degraded.items())}
         return status, "application/json", json.dumps(body).encode()
 
     def start(self) -> None:
