@@ -1,6 +1,8 @@
 """Goodput accounting: where a job's wall time went."""
 from __future__ import annotations
 
+import time
+
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
@@ -196,7 +198,7 @@ def test_the_processor_keeps_a_long_first_step_that_is_not_first_in_its_batch_in
 
     proc = GoodputProcessor(build(GoodputConfig, {}, "processors.goodput"),
                             ComponentHost("goodput", PrometheusSelfTelemetry(), {}))
-    t0 = 1_800_000_000.0
+    t0 = time.time() - 60.0  # live spans: inside the window around receipt (time_window_past / _future)
     for rank in range(4):
         spans = SpansBuilder({str(I.JOB_ID): "job-early", str(I.RANK): rank})
         for step in range(1, 20):  # steps 1-19 of 0.25 s, then the 3 s first step, last in the batch

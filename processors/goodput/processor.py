@@ -19,6 +19,7 @@ from otel_gpu.component import Processor
 from otel_gpu.otlp_build import LogsBuilder, MetricsBuilder, merge
 from otel_gpu.pdata import Batch, Signal, attribute, attributes_dict, body_object
 from otel_gpu.processors.goodput._ledger import JobLedger
+from otel_gpu.schema import collector as C
 from otel_gpu.schema import failure as F
 from otel_gpu.schema import identity as I
 from otel_gpu.schema import training as T
@@ -66,6 +67,21 @@ class GoodputProcessor(Processor):
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.out_of_window = 0  # span and event times refused or replaced (outside the window around receipt)
+
+    def _window(self, now: float) -> tuple[float, float]:
+        return now - self.config.time_window_past_s, now + self.config.time_window_future_s
+
+    def _out_of_window(self, n: int, what: str) -> None:
+        self.out_of_window += n
+        count = getattr(self.host.telemetry, "count", None)
+        if count is not None:
+            count(C.OUT_OF_WINDOW, self.host.component_id, n)
+        self.host.log_once(("window", what), logging.WARNING, "goodput %s: %s outside the accepted window around "
+                           "receipt (time_window_past %s s, time_window_future %s s) are %s and counted in "
+                           "otel_gpu_collector_out_of_window_total (logged once)", self.host.component_id, what,
+                           f"{self.config.time_window_past_s:g}", f"{self.config.time_window_future_s:g}",
+                           "refused" if what != "failure times" else "replaced by the receipt time")
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="otel-gpu-goodput", daemon=True)
@@ -113,6 +129,8 @@ class GoodputProcessor(Processor):
 
     def _spans(self, msg) -> None:
         step_name = T.STEP_SPAN.name
+        lo, hi = self._window(time.time())
+        refused = 0
         for rs in msg.resource_spans:
             job, restarts = _job_of(rs.resource)
             if job is None:
@@ -121,6 +139,9 @@ class GoodputProcessor(Processor):
             for ss in rs.scope_spans:
                 for span in ss.spans:
                     start, end = span.start_time_unix_nano / 1e9, span.end_time_unix_nano / 1e9
+                    if not (lo <= start <= hi and lo <= end <= hi):  # a span the job's wall time cannot hold
+                        refused += 1
+                        continue
                     if ledger is None:
                         ledger = self._ledger(job, start, restarts)
                     # Both ends: a span that began before anything else of the job was seen (a rank's first step
@@ -139,13 +160,23 @@ class GoodputProcessor(Processor):
                         # Every rank's span comes; the ledger counts their union once, and the part inside a
                         # counted step is that step's checkpoint_time.
                         ledger.checkpoint(_CKPT[span.name], start, end, restart_count=restarts)
+        if refused:
+            self._out_of_window(refused, "span times")
 
     def _logs(self, msg) -> None:
+        now = time.time()
+        lo, hi = self._window(now)
+        refused = replaced = 0
         for rl in msg.resource_logs:
             job, restarts = _job_of(rl.resource)
             for sl in rl.scope_logs:
                 for record in sl.log_records:
-                    t = (record.time_unix_nano or record.observed_time_unix_nano) / 1e9 or time.time()
+                    t = (record.time_unix_nano or record.observed_time_unix_nano) / 1e9 or now
+                    if not lo <= t <= hi:
+                        if record.event_name != F.FAILURE_EVENT.name:
+                            refused += 1
+                            continue
+                        t, replaced = now, replaced + 1  # a failure still counts, at the time it arrived
                     if record.event_name == F.FAILURE_EVENT.name:
                         body = body_object(record)
                         if body is None:  # hostile input: not JSON, "null", a list, a number
@@ -155,12 +186,20 @@ class GoodputProcessor(Processor):
                             fjob = str(fjob)
                             ledger = self._ledger(fjob, t, restarts if fjob == job else 0)
                             fid = body.get("failure_id")
-                            ledger.failure(str(body.get("kind")), _seconds(body.get("onset_time"), t),
-                                           _seconds(body.get("detected_time"), t),
+                            onset, detected = _seconds(body.get("onset_time"), t), _seconds(body.get("detected_time"), t)
+                            if not lo <= onset <= hi:
+                                onset, replaced = t, replaced + 1
+                            if not lo <= detected <= hi:
+                                detected, replaced = t, replaced + 1
+                            ledger.failure(str(body.get("kind")), onset, detected,
                                            failure_id=str(fid) if fid else None,
                                            withdrawn=body.get("withdrawn") is True)
                     elif job is not None and record.event_name:
                         self._ledger(job, t, restarts)
+        if refused:
+            self._out_of_window(refused, "event times")
+        if replaced:
+            self._out_of_window(replaced, "failure times")
 
     def report(self) -> None:
         now = time.time()
