@@ -50,7 +50,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from otel_gpu.pdata import Batch, Signal
 
-__all__ = ["ComponentFactory", "ComponentHost", "Consumer", "ExportResult", "Exporter", "Extension", "Processor",
+__all__ = ["COMPONENT_STATUS", "ComponentFactory", "ComponentHost", "Consumer", "ExportResult", "Exporter", "Extension", "Processor",
            "Receiver", "SelfTelemetry", "NullConsumer", "LogOnce", "run_polling", "ServiceKey", "Services",
            "FailureHistoryService", "DeviceHistoryService", "DeviceHealthService", "AdmissionCheck",
            "FAILURE_HISTORY", "DEVICE_HISTORY", "DEVICE_HEALTH", "ADMISSION", "READY", "SELF_TELEMETRY_REGISTRY"]
@@ -147,6 +147,9 @@ DEVICE_HEALTH: ServiceKey[DeviceHealthService] = ServiceKey("device_health", Dev
 ADMISSION: ServiceKey[AdmissionCheck] = ServiceKey("admission", AdmissionCheck, many=True)
 READY: ServiceKey[Callable[[], bool]] = ServiceKey("ready", Callable)
 SELF_TELEMETRY_REGISTRY: ServiceKey[Any] = ServiceKey("self_telemetry_registry", Any)  # a prometheus CollectorRegistry
+#: Each a callable -> (component, why it runs degraded, or None): a store that cannot write says so here, for the
+#: health check, while the rest of the collector goes on (issue 21).
+COMPONENT_STATUS: ServiceKey[Callable[[], tuple[str, str | None]]] = ServiceKey("component_status", Callable, many=True)
 
 
 class Services:

@@ -18,7 +18,7 @@ from opentelemetry.proto.metrics.v1 import metrics_pb2
 from otel_gpu.collector.config import load_text
 from otel_gpu.collector.runtime import Collector
 from otel_gpu.collector.telemetry import PrometheusSelfTelemetry
-from otel_gpu.component import FAILURE_HISTORY, ComponentHost
+from otel_gpu.component import COMPONENT_STATUS, FAILURE_HISTORY, ComponentHost
 from otel_gpu.config import ConfigError, build
 from otel_gpu.exporters.store import StoreExporter, StoreExporterConfig, db
 from otel_gpu.pdata import Batch, Signal
@@ -289,7 +289,7 @@ def test_schema_version_and_newer_file_is_refused(tmp_path):
     newer, _, host = make(tmp_path)  # refused, the store alone: degraded, the collector would go on
     try:
         assert "schema version 99, newer" in newer.degraded
-        assert "schema version 99, newer" in host.services["degraded"]["exporters.store"]
+        assert [status() for status in host.services.get(COMPONENT_STATUS)] == [("exporters.store", newer.degraded)]
     finally:
         newer.shutdown()
     with pytest.raises(db.StoreTooNew):
@@ -335,8 +335,9 @@ service: {{pipelines: {{logs: {{receivers: [otlp], exporters: [store]}}}}}}
 """))
     bad.start()  # a store that cannot open degrades the store alone (issue 21), the collector runs
     try:
-        assert "store cannot open" in bad.services["degraded"]["exporters.store"]
-        assert "check exporters.store.path" in bad.services["degraded"]["exporters.store"]
+        (status,) = bad.services.get(COMPONENT_STATUS)
+        name, why = status()
+        assert name == "exporters.store" and "store cannot open" in why and "check exporters.store.path" in why
     finally:
         bad.shutdown()
 

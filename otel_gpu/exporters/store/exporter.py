@@ -2,7 +2,7 @@
 
 Faults stay in the store (issue 21): a store that cannot open (full disk, corrupt file, another collector holding its
 lock) or write leaves the exporter *degraded*, never the collector stopped: it says so (an error naming the file and
-the fix, ``host.services["degraded"]`` for the health check, the ``otel_gpu.collector.degraded`` gauge), drops and
+the fix, ``COMPONENT_STATUS`` for the health check, the ``otel_gpu.collector.degraded`` gauge), drops and
 counts what it cannot write, and tries again every ``reopen_interval``. A record SQLite refuses drops alone.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from otel_gpu.component import DEVICE_HISTORY, FAILURE_HISTORY, ComponentHost, ExportResult, Exporter
+from otel_gpu.component import COMPONENT_STATUS, DEVICE_HISTORY, FAILURE_HISTORY, ComponentHost, ExportResult, Exporter
 from otel_gpu.exporters.store import db
 from otel_gpu.exporters.store import devices as device_store
 from otel_gpu.exporters.store.config import StoreExporterConfig
@@ -236,7 +236,7 @@ class StoreExporter(Exporter):
         self.out_of_window = 0  # record times outside the window, indexed as the receipt time instead
         self.degraded: str | None = None  # why the store cannot write now, or None
         self._rate_log = _RateLog(_logger)
-        self._degraded_key = f"exporters.{host.component_id}"
+        host.services.publish(COMPONENT_STATUS, lambda: (f"exporters.{host.component_id}", self.degraded))
 
     # -- pipeline side -------------------------------------------------------------------------------------------
     def export(self, batch: Batch) -> ExportResult:
@@ -434,7 +434,6 @@ class StoreExporter(Exporter):
     def _degrade(self, reason: str) -> None:
         first = self.degraded is None
         self.degraded = reason
-        self.host.services.setdefault("degraded", {})[self._degraded_key] = reason
         _set_degraded_gauge(self.host, self.host.component_id, 1.0)
         if first:
             _logger.error("store %s degraded, the rest of the collector goes on: %s (records for the store are "
@@ -449,7 +448,6 @@ class StoreExporter(Exporter):
         if self.degraded is None:
             return
         self.degraded = None
-        self.host.services.get("degraded", {}).pop(self._degraded_key, None)
         _set_degraded_gauge(self.host, self.host.component_id, 0.0)
         _logger.warning("store %s writes %s again", self.host.component_id, db.db_path(self.path))
 

@@ -7,7 +7,7 @@ import logging
 import time
 
 from otel_gpu.collector.httpserver import HttpEndpoint, Response
-from otel_gpu.component import READY, Extension
+from otel_gpu.component import COMPONENT_STATUS, READY, Extension
 from otel_gpu.config import format_duration
 from otel_gpu.extensions.health_check.config import HealthCheckConfig
 
@@ -48,7 +48,14 @@ class HealthCheckExtension(Extension):
                 "uptime": format_duration(round(time.monotonic() - self._t0, 3))}
         # A component that runs degraded (a store that cannot write) leaves the collector available (a restart would
         # not mend a full disk) and is named here: {"components": {"exporters.store": {"status": "degraded", ...}}}.
-        degraded = dict(self.host.services.get("degraded") or {})
+        degraded = {}
+        for status in self.host.services.get(COMPONENT_STATUS):
+            try:
+                name, why = status()
+            except Exception:  # noqa: BLE001 - a broken status never breaks the health check
+                continue
+            if why is not None:
+                degraded[name] = why
         if degraded:
             body["components"] = {name: {"status": "degraded", "error": why} for name, why in sorted(degraded.items())}
         return status, "application/json", json.dumps(body).encode()
