@@ -593,11 +593,14 @@ class StoreExporter(Exporter):
             why = f"its header is {head[:16]!r}, not SQLite's"
         if head == _SQLITE_MAGIC:
             return
-        self._corrupt(why)
+        # Confirmed by SQLite itself before it is called corrupt: while page 1 is in the WAL, SQLite reads it from
+        # there and the next checkpoint writes it back whole.
+        self._check_integrity(why)
 
-    def _check_integrity(self) -> None:
+    def _check_integrity(self, header: str | None = None) -> None:
         """``PRAGMA quick_check`` through a fresh read-only connection (the writer's page cache would hide pages
-        changed on disk); clears a degraded state this check raised once the file checks out again."""
+        changed on disk); clears a degraded state this check raised once the file checks out again. ``header``:
+        what the header check found, said with the verdict."""
         file = db.db_path(self.path)
         try:
             conn = sqlite3.connect(f"{file.resolve().as_uri()}?mode=ro", uri=True, timeout=5.0)
@@ -608,10 +611,13 @@ class StoreExporter(Exporter):
         except sqlite3.Error as exc:
             rows = [str(exc)]
         if rows == ["ok"]:
-            if self._fault == "check":
+            if header is not None:
+                self._rate_log("header", logging.WARNING, "store %s: %s on disk, but SQLite reads %s whole (its "
+                               "newest pages are in the WAL)", self.host.component_id, header, file)
+            elif self._fault == "check":
                 self._recovered()
             return
-        self._corrupt("quick_check: " + "; ".join(rows)[:300])
+        self._corrupt("; ".join(filter(None, (header, "quick_check: " + "; ".join(rows)[:300]))))
 
     def _corrupt(self, why: str) -> None:
         file = db.db_path(self.path)

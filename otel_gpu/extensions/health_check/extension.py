@@ -49,9 +49,9 @@ class HealthCheckExtension(Extension):
         # A component that runs degraded (a store that cannot write) leaves the collector available (a restart would
         # not mend a full disk) and is named here: {"components": {"exporters.store": {"status": "degraded", ...}}}.
         degraded = {}
-        for status in self.host.services.get(COMPONENT_STATUS):
+        for component_status in self.host.services.get(COMPONENT_STATUS):
             try:
-                name, why = status()
+                name, why = component_status()
             except Exception:  # noqa: BLE001 - a broken status never breaks the health check
                 continue
             if why is not None:
