@@ -645,7 +645,7 @@ class StoreExporter(Exporter):
         try:
             try:
                 written, poisoned, known = self._transaction(conn, records, jobs, alone=False)
-            except Exception as exc:  # noqa: BLE001 - sorted below
+            except Exception as exc:  # sorted below: the store's fault is raised again
                 if store_fault(exc):
                     raise
                 written, poisoned, known = self._transaction(conn, records, jobs, alone=True)
@@ -686,7 +686,7 @@ class StoreExporter(Exporter):
                     conn.execute("SAVEPOINT record")
                 try:
                     self._insert(conn, record)
-                except Exception as exc:  # noqa: BLE001 - sorted: the store's fault fails all, a record's only it
+                except Exception as exc:  # sorted: the store's fault fails all, a record's only it
                     if not alone or store_fault(exc):
                         raise
                     conn.execute("ROLLBACK TO record")
@@ -810,7 +810,7 @@ class StoreExporter(Exporter):
                     conn.executemany("INSERT OR IGNORE INTO job_ranks (job_id, rank) VALUES (?, ?)", new_ranks)
                 if new_hosts:
                     conn.executemany("INSERT OR IGNORE INTO job_hosts (job_id, host) VALUES (?, ?)", new_hosts)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 if not alone or store_fault(exc):
                     raise
                 conn.execute("ROLLBACK TO job")
