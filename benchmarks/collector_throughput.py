@@ -85,7 +85,9 @@ def training_batches(n_batches: int, n_spans: int = 1000, ranks: int = 8) -> lis
     out = []
     seq = [0] * ranks
     step = [0] * ranks
-    t = [1_750_000_000_000_000_000] * ranks
+    # Live times (10 min ago onwards): the goodput processor refuses spans outside its window around receipt
+    # (time_window_past 24h), and a fixed 2025 date would measure a pipeline that skips its accounting.
+    t = [time.time_ns() - 600 * 1_000_000_000] * ranks
     for b in range(n_batches):
         rank = b % ranks
         req = trace_service_pb2.ExportTraceServiceRequest()
