@@ -238,7 +238,7 @@ def test_a_restarted_jobs_gap_ends_at_its_earliest_span_whatever_span_arrives_fi
 
     proc = GoodputProcessor(build(GoodputConfig, {}, "processors.goodput"),
                             ComponentHost("goodput", PrometheusSelfTelemetry(), {}))
-    t0 = 1_800_000_000.0
+    t0 = time.time() - 60.0  # live spans: inside the window around receipt (time_window_past / _future)
 
     def batch(restart: int, steps: list[tuple[int, float, float]]) -> None:
         spans = SpansBuilder({str(I.JOB_ID): "job-r", str(I.RANK): 0, str(I.RESTART_COUNT): restart})

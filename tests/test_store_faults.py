@@ -90,7 +90,8 @@ def failures_request(job: str, n: int, start: int = 0, poison: dict[int, dict] |
     now = time.time()
     for i in range(start, start + n):
         body = {"kind": "crash", "root_cause": "gpu_xid", "job_id": job, "signature": f"sig-{job}-{i}",
-                "detected_time": now, "onset_time": now - 1.0, "culprit": {"rank": 0, "host": "node-a"}, "seq": i}
+                "detected_time": now, "onset_time": now - 1.0, "confidence": 0.9,
+                "culprit": {"rank": 0, "host": "node-a"}, "seq": i}
         body.update((poison or {}).get(i - start, {}))
         sl.log_records.add(event_name="otel_gpu.failure", time_unix_nano=time.time_ns(),
                            body=AnyValue(string_value=json.dumps(body)))
