@@ -482,6 +482,14 @@ def collector_dashboard() -> DashboardSpec:
           [gauge_q(c.QUEUE_SIZE, v, f"size {L(s_id.COMPONENT)}"),
            gauge_q(c.QUEUE_CAPACITY, v, f"capacity {L(s_id.COMPONENT)}")], unit="short", width=24),
     ]))
+    by_comp = f"sum by ({by(s_id.HOST_NAME, s_id.COMPONENT)})"
+    d.rows.append(("Faults", [
+        P("Degraded components", [c.DEGRADED], [gauge_q(c.DEGRADED, v, L(s_id.COMPONENT))], unit="short"),
+        P("Poison records dropped per second", [c.POISON_RECORDS],
+          [rate_q(c.POISON_RECORDS, v, L(s_id.COMPONENT), agg=by_comp)], unit="short"),
+        P("Timestamps outside the window per second", [c.OUT_OF_WINDOW],
+          [rate_q(c.OUT_OF_WINDOW, v, L(s_id.COMPONENT), agg=by_comp)], unit="short"),
+    ]))
     return d
 
 
