@@ -21,7 +21,8 @@ from typing import Any
 from otel_gpu.collector.httpserver import HttpEndpoint
 from otel_gpu.collector.config import CollectorConfig, ComponentSpec
 from otel_gpu.collector.telemetry import PrometheusSelfTelemetry
-from otel_gpu.component import Component, ComponentHost, Consumer, Exporter, ExportResult, LogOnce, Processor
+from otel_gpu.component import (ACTING_EVENTS, Component, ComponentHost, Consumer, Exporter, ExportResult, LogOnce,
+                                Processor, drop_acting_records)
 from otel_gpu.pdata import Batch, Signal
 
 __all__ = ["Collector", "StartError"]
@@ -84,14 +85,32 @@ class _ProcessorStage:
 
 
 class _ReceiverOutput:
-    """A receiver's consumer for one signal: counts what it accepted, then fans out to its pipelines."""
+    """A receiver's consumer for one signal: the trust boundary, then counts what it accepted and fans out.
 
-    __slots__ = ("cid", "signal", "next", "telemetry")
+    ``consume`` is what any sender sent: records that act (:data:`otel_gpu.component.ACTING_EVENTS`) are dropped
+    here, before the first processor, counted in ``otel_gpu.collector.untrusted`` and logged once per receiver.
+    ``consume_trusted`` is for what a receiver authenticated as a trusted forwarder (an aggregator's sidecars).
+    """
 
-    def __init__(self, cid: str, signal: Signal, next_: Consumer, telemetry: PrometheusSelfTelemetry):
-        self.cid, self.signal, self.next, self.telemetry = cid, signal, next_, telemetry
+    __slots__ = ("cid", "signal", "next", "telemetry", "log_once")
+
+    def __init__(self, cid: str, signal: Signal, next_: Consumer, telemetry: PrometheusSelfTelemetry,
+                 log_once: LogOnce):
+        self.cid, self.signal, self.next, self.telemetry, self.log_once = cid, signal, next_, telemetry, log_once
 
     def consume(self, batch: Batch) -> None:
+        out, dropped = drop_acting_records(batch)
+        if dropped:
+            self.telemetry.untrusted(self.cid, batch.signal, dropped)
+            self.log_once(("untrusted", self.cid), logging.WARNING,
+                          "receivers.%s: dropped %d %s record(s) from a sender that did not authenticate as a trusted "
+                          "forwarder (only this collector's processors and trusted_forwarders may send them; "
+                          "counted in otel_gpu.collector.untrusted; logged once)", self.cid, dropped,
+                          "/".join(sorted(ACTING_EVENTS)))
+        if out is not None:
+            self.consume_trusted(out)
+
+    def consume_trusted(self, batch: Batch) -> None:
         self.telemetry.received(self.cid, batch.signal, batch.item_count())
         self.next.consume(batch)
 
@@ -158,7 +177,7 @@ class Collector:
             host = self._hosts[f"receiver:{cid}"]
             for signal, nexts in by_signal.items():
                 fan = nexts[0] if len(nexts) == 1 else _Fanout(nexts)
-                host._consumers[signal] = _ReceiverOutput(cid, signal, fan, self.telemetry)
+                host._consumers[signal] = _ReceiverOutput(cid, signal, fan, self.telemetry, LogOnce(_logger))
 
     # -- lifecycle -----------------------------------------------------------------------------------------------
     def _ordered(self) -> list[str]:

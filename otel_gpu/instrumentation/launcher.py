@@ -36,8 +36,14 @@ def bootstrap_dir() -> str:
     return os.path.dirname(os.path.abspath(_bootstrap.__file__))
 
 
+#: Credentials of ``otel-gpu run`` itself (the verdict API's token, the trusted-forwarder token its restart decisions
+#: carry): never passed on to the training command, whose code (and every library it loads) is not the operator's.
+PRIVATE_ENV = ("OTEL_GPU_VERDICT_TOKEN", "OTEL_GPU_VERDICT_TOKEN_FILE", "OTEL_GPU_FORWARDER_TOKEN",
+               "OTEL_GPU_FORWARDER_TOKEN_FILE")
+
+
 def launch_env(registry: str, endpoint: str | None, job_id: str, base: dict | None = None) -> dict[str, str]:
-    env = dict(os.environ if base is None else base)
+    env = {k: v for k, v in (os.environ if base is None else base).items() if k not in PRIVATE_ENV}
     boot = bootstrap_dir()
     parts = [boot] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != boot]
     env["PYTHONPATH"] = os.pathsep.join(parts)

@@ -21,3 +21,13 @@ QUEUE_SIZE = metric("otel_gpu.collector.queue.size", MetricType.GAUGE, "{batch}"
                     "Batches waiting in an exporter's queue.", group=_G, attributes=(COMPONENT,))
 QUEUE_CAPACITY = metric("otel_gpu.collector.queue.capacity", MetricType.GAUGE, "{batch}",
                         "Capacity of an exporter's queue.", group=_G, attributes=(COMPONENT,))
+UNTRUSTED = metric("otel_gpu.collector.untrusted", MetricType.COUNTER, "{record}",
+                   "Records that act (failure, device state, restart decision, goodput) a receiver got from a sender "
+                   "that did not authenticate as a trusted forwarder: dropped before any processor or exporter.",
+                   group=_G, attributes=_ATTRS)
+TRUNCATED = metric("otel_gpu.collector.truncated", MetricType.COUNTER, "{attribute}",
+                   "Attributes a receiver cut from a request: dropped past the per-resource/per-item count limit, "
+                   "or a value shortened to the byte limit.", group=_G, attributes=_ATTRS)
+SERIES_REFUSED = metric("otel_gpu.collector.series_refused", MetricType.COUNTER, "{point}",
+                        "Data points a Prometheus exporter did not serve because they would have made a new series "
+                        "past its max_series bound.", group=_G, attributes=_ATTRS)
