@@ -25,7 +25,9 @@ Example (a receiver that produces one empty log batch when started)::
 from __future__ import annotations
 
 import abc
+import collections
 import enum
+import hashlib
 import logging
 import threading
 import time
@@ -48,7 +50,7 @@ ACTING_EVENTS: frozenset[str] = frozenset({
     _health_schema.STATE_CHANGE_EVENT.name, _training_schema.RESTART_EVENT.name})
 
 __all__ = ["ACTING_EVENTS", "ComponentFactory", "ComponentHost", "Consumer", "ExportResult", "Exporter", "Extension",
-           "Processor", "Receiver", "SelfTelemetry", "NullConsumer", "LogOnce", "TrustedConsumer",
+           "IdentityCache", "Processor", "Receiver", "SelfTelemetry", "NullConsumer", "LogOnce", "TrustedConsumer",
            "drop_acting_records", "run_polling"]
 
 
@@ -77,6 +79,58 @@ class TrustedConsumer(Protocol):
 
     def consume(self, batch: Batch) -> None: ...
     def consume_trusted(self, batch: Batch) -> None: ...
+
+
+class IdentityCache:
+    """What a component derived from a resource's identity (its attributes), remembered for the next batch.
+
+    Keyed by a 16-byte BLAKE2b digest of the resource's encoding, never by the resource itself: a sender's 4 MiB
+    resources cost 16 bytes each here, not 4 MiB. At most ``max_entries`` are kept, the least recently used dropped
+    first, so that a flood of distinct resources evicts only its own entries and costs a bounded amount of memory
+    (honest senders repeat the same few resources and stay cached). Thread-safe (receivers call from many threads).
+
+    Example:
+        >>> from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+        >>> cache = IdentityCache(max_entries=2)
+        >>> r = Resource(); r.attributes.add(key="host.name").value.string_value = "node-1"
+        >>> key = cache.key(r); cache.get(key, "?"), cache.put(key, "node-1"), cache.get(key, "?")
+        ('?', None, 'node-1')
+        >>> len(key)
+        16
+    """
+
+    __slots__ = ("max_entries", "_entries", "_lock")
+
+    def __init__(self, max_entries: int = 4096):
+        self.max_entries = max_entries
+        self._entries: collections.OrderedDict[bytes, Any] = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def key(resource: Any) -> bytes:
+        return hashlib.blake2b(resource.SerializeToString(deterministic=True), digest_size=16).digest()
+
+    def get(self, key: bytes, default: Any = None) -> Any:
+        with self._lock:
+            value = self._entries.get(key, _MISSING)
+            if value is _MISSING:
+                return default
+            self._entries.move_to_end(key)
+            return value
+
+    def put(self, key: bytes, value: Any) -> None:
+        with self._lock:
+            entries = self._entries
+            entries[key] = value
+            entries.move_to_end(key)
+            while len(entries) > self.max_entries:
+                entries.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+_MISSING = object()
 
 
 def drop_acting_records(batch: Batch) -> tuple[Batch | None, int]:
