@@ -19,6 +19,7 @@ import time
 from typing import Any
 
 from otel_gpu.collector.httpserver import HttpEndpoint
+from otel_gpu.collector.security import BearerChecker, server_ssl_context
 from otel_gpu.collector.config import CollectorConfig, ComponentSpec
 from otel_gpu.collector.telemetry import PrometheusSelfTelemetry
 from otel_gpu.component import (ACTING_EVENTS, Component, ComponentHost, Consumer, Exporter, ExportResult, LogOnce,
@@ -199,15 +200,28 @@ class Collector:
         return 200, CONTENT_TYPE_LATEST, generate_latest(self.telemetry.registry)
 
     def _start_telemetry(self) -> None:
-        for host, port in self.config.telemetry.metrics.addresses():
+        cfg = self.config.telemetry.metrics
+        addresses = cfg.addresses()
+        if not addresses:
+            return
+        try:
+            authorize = BearerChecker(cfg.auth, "service.telemetry.metrics.auth.bearer_token").check \
+                if cfg.auth is not None else None
+            ssl_context = server_ssl_context(cfg.tls, "service.telemetry.metrics.tls") if cfg.tls is not None else None
+        except ValueError as exc:
+            raise StartError(str(exc)) from None
+        for host, port in addresses:
             try:
-                endpoint = HttpEndpoint(host, port, self._serve_self_metrics, "otel-gpu-self-metrics")
+                endpoint = HttpEndpoint(host, port, self._serve_self_metrics, "otel-gpu-self-metrics",
+                                        ssl_context=ssl_context, authorize=authorize,
+                                        max_connections=cfg.max_connections)
             except OSError as exc:
                 raise StartError(f"service.telemetry.metrics: cannot listen on {host}:{port}: "
                                  f"{exc.strerror or exc}; set another address or level: none") from None
             endpoint.start()
             self._telemetry_endpoints.append(endpoint)
-            _logger.info("collector's own metrics on http://%s:%d/metrics", host, endpoint.port)
+            _logger.info("collector's own metrics on %s://%s:%d/metrics%s", "https" if ssl_context else "http", host,
+                         endpoint.port, " (bearer-token auth)" if authorize else "")
 
     def start(self) -> None:
         """Starts every component; on failure stops what started and raises :class:`StartError`."""
