@@ -354,3 +354,65 @@ def test_a_hostile_resource_flood_leaves_rss_under_the_memory_limit_and_honest_s
         assert collector.stop() == 0
     jobs = [j["job_id"] for j in report_json(tmp_path / "store")["jobs"]]
     assert "honest-job" in jobs
+
+
+# -- 4. listeners and series -----------------------------------------------------------------------------------------
+def test_prometheus_refuses_new_series_past_max_series_and_counts_them_while_old_series_keep_updating(tmp_path):
+    grpc_port, prom = free_port(), free_port()
+    config = f"""
+receivers: {{otlp: {{grpc: {{endpoint: 127.0.0.1:{grpc_port}}}, http: null}}}}
+exporters: {{prometheus: {{endpoint: 127.0.0.1:{prom}, max_series: 50}}}}
+service: {{pipelines: {{metrics: {{receivers: [otlp], exporters: [prometheus]}}}}}}
+"""
+
+    def gauge(values: dict[str, float]) -> bytes:
+        req = ExportMetricsServiceRequest()
+        m = req.resource_metrics.add().scope_metrics.add().metrics.add(name="hostile.gauge")
+        for label, v in values.items():
+            dp = m.gauge.data_points.add(as_double=v, time_unix_nano=time.time_ns())
+            dp.attributes.add(key="victim").value.string_value = label
+        return req.SerializeToString()
+
+    with start_collector(config, tmp_path) as collector:
+        assert send(grpc_port, _METRICS, gauge({f"v{i}": 1.0 for i in range(200)})) == grpc.StatusCode.OK
+        assert send(grpc_port, _METRICS, gauge({"v0": 7.0})) == grpc.StatusCode.OK
+        with urllib.request.urlopen(f"http://127.0.0.1:{prom}/metrics", timeout=5) as resp:
+            page = resp.read().decode()
+        series = [line for line in page.splitlines() if line.startswith("hostile_gauge{")]
+        assert len(series) == 50, len(series)
+        assert any('victim="v0"' in line and line.endswith(" 7.0") for line in series)
+        assert metric_value(prom, "otel_gpu_collector_series_refused_total", otel_gpu_component="prometheus") == 150
+        assert "max_series" in collector.stderr_text()
+        assert collector.stop() == 0
+
+
+def test_health_check_and_self_metrics_take_a_bearer_token_when_configured(tmp_path):
+    grpc_port, health, self_metrics = free_port(), free_port(), free_port()
+    config = f"""
+receivers: {{otlp: {{grpc: {{endpoint: 127.0.0.1:{grpc_port}}}, http: null}}}}
+exporters: {{debug: {{}}}}
+extensions: {{health_check: {{endpoint: 127.0.0.1:{health}, auth: {{bearer_token: health-token}}}}}}
+service:
+  extensions: [health_check]
+  telemetry: {{metrics: {{address: 127.0.0.1:{self_metrics}, auth: {{bearer_token: metrics-token}}}}}}
+  pipelines: {{logs: {{receivers: [otlp], exporters: [debug]}}}}
+"""
+
+    def status(url: str, token: str | None) -> int:
+        req = urllib.request.Request(url)
+        if token:
+            req.add_header("Authorization", f"Bearer {token}")
+        try:
+            with urllib.request.urlopen(req, timeout=5) as resp:
+                return resp.status
+        except urllib.error.HTTPError as exc:
+            return exc.code
+
+    with start_collector(config, tmp_path) as collector:
+        for url, token in ((f"http://127.0.0.1:{health}/", "health-token"),
+                           (f"http://127.0.0.1:{self_metrics}/metrics", "metrics-token")):
+            assert status(url, None) == 401
+            assert status(url, "wrong") == 401
+            assert status(url, token) == 200
+        assert "health-token" not in collector.stderr_text() and "metrics-token" not in collector.stderr_text()
+        assert collector.stop() == 0
