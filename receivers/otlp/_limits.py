@@ -83,32 +83,25 @@ def enforce(batch: Batch, max_attributes: int, max_value_bytes: int) -> int:
     cut = _Cutter(batch, max_attributes, max_value_bytes)
     message = batch.message
     resource_field, scope_field, item_field = batch.signal.fields
+    metrics, traces = batch.signal is Signal.METRICS, batch.signal is Signal.TRACES
     for rs in getattr(message, resource_field):
         cut.attrs(rs.resource)
         for ss in getattr(rs, scope_field):
             cut.attrs(ss.scope)
             small = ss.ByteSize() <= max_value_bytes  # then only attribute counts can be over
             for item in getattr(ss, item_field):
-                if batch.signal is Signal.METRICS:
+                if metrics:
                     for point in data_points(item):
-                        if small:
-                            if len(point.attributes) > max_attributes:
-                                cut.attrs(point)
-                        else:
+                        if len(point.attributes) > max_attributes or (not small and point.ByteSize() > max_value_bytes):
                             cut.attrs(point)
                     continue
-                if small:
-                    if len(item.attributes) > max_attributes:
-                        cut.attrs(item)
-                else:
+                if len(item.attributes) > max_attributes or (not small and item.ByteSize() > max_value_bytes):
                     cut.attrs(item)
-                if batch.signal is Signal.TRACES:
+                if traces:
                     for sub in item.events:
-                        if small and len(sub.attributes) <= max_attributes:
-                            continue
-                        cut.attrs(sub)
+                        if len(sub.attributes) > max_attributes or (not small and sub.ByteSize() > max_value_bytes):
+                            cut.attrs(sub)
                     for sub in item.links:
-                        if small and len(sub.attributes) <= max_attributes:
-                            continue
-                        cut.attrs(sub)
+                        if len(sub.attributes) > max_attributes or (not small and sub.ByteSize() > max_value_bytes):
+                            cut.attrs(sub)
     return cut.cuts
