@@ -40,7 +40,9 @@ from __future__ import annotations
 
 import abc
 import builtins
+import collections
 import enum
+import hashlib
 import logging
 import threading
 import time
@@ -48,10 +50,23 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
-from otel_gpu.pdata import Batch, Signal
+from otel_gpu.pdata import Batch, Signal, event_name
+from otel_gpu.schema import failure as _failure_schema
+from otel_gpu.schema import health as _health_schema
+from otel_gpu.schema import training as _training_schema
 
-__all__ = ["COMPONENT_STATUS", "ComponentFactory", "ComponentHost", "Consumer", "ExportResult", "Exporter", "Extension", "Processor",
-           "Receiver", "SelfTelemetry", "NullConsumer", "LogOnce", "run_polling", "ServiceKey", "Services",
+#: Log records that act: the store, the verdict API, the goodput ledger and ``otel-gpu run --restart`` take them as
+#: the collector's own word (a failure record stops or restarts a job and runs its exclude hook; a device state puts
+#: a node on the drain list; a goodput summary is what the report shows; a restart decision is a job's timeline).
+#: Only this collector's processors, or a peer that authenticates as a trusted forwarder, may make them: from any
+#: other sender a receiver's output drops them (counted in ``otel_gpu.collector.untrusted``) before any processor.
+ACTING_EVENTS: frozenset[str] = frozenset({
+    _failure_schema.FAILURE_EVENT.name, _failure_schema.GOODPUT_EVENT.name,
+    _health_schema.STATE_CHANGE_EVENT.name, _training_schema.RESTART_EVENT.name})
+
+__all__ = ["ACTING_EVENTS", "COMPONENT_STATUS", "ComponentFactory", "ComponentHost", "Consumer", "ExportResult",
+           "Exporter", "Extension", "IdentityCache", "Processor", "Receiver", "SelfTelemetry", "NullConsumer", "LogOnce",
+           "TrustedConsumer", "drop_acting_records", "run_polling", "ServiceKey", "Services",
            "FailureHistoryService", "DeviceHistoryService", "DeviceHealthService", "AdmissionCheck",
            "FAILURE_HISTORY", "DEVICE_HISTORY", "DEVICE_HEALTH", "ADMISSION", "READY", "SELF_TELEMETRY_REGISTRY"]
 
@@ -73,6 +88,105 @@ class NullConsumer:
     def consume(self, batch: Batch) -> None:
         return None
 
+    def consume_trusted(self, batch: Batch) -> None:
+        return None
+
+
+class TrustedConsumer(Protocol):
+    """A receiver's consumer (``host.consumer(signal)`` inside a collector): ``consume`` takes what any sender sent
+    (records that act are dropped, see :data:`ACTING_EVENTS`); ``consume_trusted`` what an authenticated trusted
+    forwarder sent (kept whole). Only a receiver that authenticated the sender may call ``consume_trusted``."""
+
+    def consume(self, batch: Batch) -> None: ...
+    def consume_trusted(self, batch: Batch) -> None: ...
+
+
+class IdentityCache:
+    """What a component derived from a resource's identity (its attributes), remembered for the next batch.
+
+    Keyed by a 16-byte BLAKE2b digest of the resource's encoding, never by the resource itself: a sender's 4 MiB
+    resources cost 16 bytes each here, not 4 MiB. At most ``max_entries`` are kept, the least recently used dropped
+    first, so that a flood of distinct resources evicts only its own entries and costs a bounded amount of memory
+    (honest senders repeat the same few resources and stay cached). Thread-safe (receivers call from many threads).
+
+    Example:
+        >>> from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+        >>> cache = IdentityCache(max_entries=2)
+        >>> r = Resource(); r.attributes.add(key="host.name").value.string_value = "node-1"
+        >>> key = cache.key(r); cache.get(key, "?"), cache.put(key, "node-1"), cache.get(key, "?")
+        ('?', None, 'node-1')
+        >>> len(key)
+        16
+    """
+
+    __slots__ = ("max_entries", "_entries", "_lock")
+
+    def __init__(self, max_entries: int = 4096):
+        self.max_entries = max_entries
+        self._entries: collections.OrderedDict[bytes, Any] = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def key(resource: Any) -> bytes:
+        return hashlib.blake2b(resource.SerializeToString(deterministic=True), digest_size=16).digest()
+
+    def get(self, key: bytes, default: Any = None) -> Any:
+        with self._lock:
+            value = self._entries.get(key, _MISSING)
+            if value is _MISSING:
+                return default
+            self._entries.move_to_end(key)
+            return value
+
+    def put(self, key: bytes, value: Any) -> None:
+        with self._lock:
+            entries = self._entries
+            entries[key] = value
+            entries.move_to_end(key)
+            while len(entries) > self.max_entries:
+                entries.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+_MISSING = object()
+
+
+def drop_acting_records(batch: Batch) -> tuple[Batch | None, int]:
+    """``batch`` without the log records named in :data:`ACTING_EVENTS`, and how many were dropped.
+
+    Traces and metrics pass as they are; a logs batch with none passes unchanged (its wire bytes kept); one with
+    only such records becomes ``None``. The check is one event-name look-up per log record.
+    """
+    if batch.signal is not Signal.LOGS:
+        return batch, 0
+    message = batch.message
+    found = False
+    for rl in message.resource_logs:
+        for sl in rl.scope_logs:
+            for record in sl.log_records:
+                if event_name(record) in ACTING_EVENTS:
+                    found = True
+                    break
+            if found:
+                break
+        if found:
+            break
+    if not found:
+        return batch, 0
+    dropped = 0
+    for rl in batch.mutable().resource_logs:
+        for sl in rl.scope_logs:
+            records = sl.log_records
+            for i in range(len(records) - 1, -1, -1):
+                if event_name(records[i]) in ACTING_EVENTS:
+                    del records[i]
+                    dropped += 1
+    if batch.item_count() == 0:
+        return None, dropped
+    return batch, dropped
+
 
 class SelfTelemetry(Protocol):
     """Counters of the collector's own telemetry (schema.collector), keyed by component id and signal."""
@@ -81,6 +195,9 @@ class SelfTelemetry(Protocol):
     def refused(self, component: str, signal: Signal, n: int) -> None: ...
     def exported(self, component: str, signal: Signal, n: int) -> None: ...
     def dropped(self, component: str, signal: Signal, n: int) -> None: ...
+    def untrusted(self, component: str, signal: Signal, n: int) -> None: ...
+    def truncated(self, component: str, signal: Signal, n: int) -> None: ...
+    def series_refused(self, component: str, signal: Signal, n: int) -> None: ...
     def queue(self, component: str, size: int, capacity: int) -> None: ...
 
 

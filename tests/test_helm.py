@@ -27,7 +27,9 @@ FULL_VALUES: dict[str, Any] = {
     "backend": {"otlp": {"endpoint": "tempo-distributor.tracing.svc:4317"}},
     "aggregator": {"enabled": True, "replicas": 2, "persistence": {"enabled": True, "size": "5Gi"},
                    "resources": {"requests": {"cpu": "300m", "memory": "300Mi"},
-                                 "limits": {"cpu": "2", "memory": "2Gi"}}},
+                                 "limits": {"cpu": "2", "memory": "2Gi"}},
+                   "security": {"tokenSecret": "aggregator-token"}},
+    "trustedForwarders": {"tokenSecret": "forwarder-token"},
     "serviceMonitor": {"enabled": True, "interval": "5s", "scrapeTimeout": "4s", "labels": {"release": "kps"}},
     "agent": {
         "receivers": {"xid": {"enabled": True}},
@@ -36,6 +38,7 @@ FULL_VALUES: dict[str, Any] = {
         "store": {"hostPath": "/var/lib/otel-gpu"},
         "nodeSelector": {"nvidia.com/gpu.present": "true"},
         "extraEnv": [{"name": "OTEL_GPU_EXTRA", "value": "1"}],
+        "security": {"tokenSecret": "agent-token"},
     },
     "nvidia": {"runtimeClassName": "nvidia"},
     "trainingEnv": {"namespaces": ["team-a", "team-b"], "extra": {"OTEL_GPU_STACK_AFTER_S": 30}},
@@ -46,7 +49,8 @@ XID_FILE_VALUES: dict[str, Any] = {
     "agent": {"receivers": {"xid": {"enabled": True, "source": "file", "file": {"path": "/var/log/kern.log"}}}},
 }
 
-AGGREGATOR_ONLY_VALUES: dict[str, Any] = {"agent": {"enabled": False}, "aggregator": {"enabled": True}}
+AGGREGATOR_ONLY_VALUES: dict[str, Any] = {"agent": {"enabled": False},
+                                          "aggregator": {"enabled": True, "security": {"tokenSecret": "agg-token"}}}
 
 VALUE_SETS = {"default": {}, "full": FULL_VALUES, "xid-file": XID_FILE_VALUES, "aggregator-only": AGGREGATOR_ONLY_VALUES}
 
@@ -350,7 +354,8 @@ def test_default_agent_runs_attribution_and_goodput(monkeypatch):
 
 def test_with_the_aggregator_the_agents_forward_and_it_analyzes(monkeypatch):
     monkeypatch.setenv("NODE_NAME", "gpu-node-1")
-    manifests, notes = render({"aggregator": {"enabled": True}, "attribution": {"settings": {"slowdown_ratio": 2.0}}})
+    manifests, notes = render({"aggregator": {"enabled": True, "security": {"tokenSecret": "agg-token"}},
+                               "attribution": {"settings": {"slowdown_ratio": 2.0}}})
     configs = _configs(manifests)
     agent, agg = configs[f"{RELEASE}-otel-gpu-agent"], configs[f"{RELEASE}-otel-gpu-aggregator"]
     for signal in ("traces", "metrics", "logs"):
@@ -463,7 +468,8 @@ def test_values_schema_closes_every_object_of_the_chart():
     import json
 
     schema = json.loads((CHART / "values.schema.json").read_text(encoding="utf-8"))
-    passthrough = {"settings", "config", "podSecurityContext", "securityContext", "affinity", "global"}
+    passthrough = {"settings", "config", "podSecurityContext", "securityContext", "affinity", "global", "podSelector",
+                   "namespaceSelector", "metricsFrom[]", "aggregatorExtraFrom[]"}
     open_paths = []
 
     def walk(node: dict, path: str) -> None:
@@ -478,3 +484,95 @@ def test_values_schema_closes_every_object_of_the_chart():
     walk(schema, "")
     assert not open_paths, f"objects that accept unknown keys: {open_paths}"
     render({"global": {"imageRegistry": "r"}})  # a parent chart's globals are allowed
+
+
+# -- trust (docs/security.md) ----------------------------------------------------------------------------------------
+def _volume_path(manifests: list[dict], kind: str, name: str, secret: str) -> str:
+    """Where the pod of ``kind``/``name`` mounts the Secret ``secret``."""
+    pod = one(manifests, kind, name)["spec"]["template"]["spec"]
+    volume = next(v["name"] for v in pod["volumes"] if v.get("secret", {}).get("secretName") == secret)
+    return next(m["mountPath"] for m in pod["containers"][0]["volumeMounts"] if m["name"] == volume)
+
+
+def test_the_aggregator_without_a_token_is_refused_unless_the_operator_says_so_and_then_notes_warn():
+    with helm.Chart.load(str(CHART)) as chart:
+        with pytest.raises(helm.HelmError, match="aggregator.security.tokenSecret"):
+            chart.render({"aggregator": {"enabled": True}}, name=RELEASE, namespace=NAMESPACE)
+    _, notes = render({"aggregator": {"enabled": True, "security": {"allowUnauthenticated": True}}})
+    assert "WARNING: the aggregator takes OTLP without a token" in notes
+    _, notes = render({"aggregator": {"enabled": True, "security": {"tokenSecret": "t"}}})
+    assert "WARNING: the aggregator" not in notes
+    # mutual TLS authenticates the agents too
+    render({"aggregator": {"enabled": True, "security": {"tlsSecret": "tls", "mutualTls": True}}})
+
+
+def test_network_policies_admit_otlp_only_from_training_pods_into_agents_and_only_from_agents_into_the_aggregator():
+    manifests, notes = render(FULL_VALUES)
+    agent_np = one(manifests, "NetworkPolicy", f"{RELEASE}-otel-gpu-agent")
+    agg_np = one(manifests, "NetworkPolicy", f"{RELEASE}-otel-gpu-aggregator")
+    agent_pod = one(manifests, "DaemonSet")["spec"]["template"]
+    agg_pod = one(manifests, "Deployment")["spec"]["template"]
+    # each policy selects its own pods
+    for np, pod in ((agent_np, agent_pod), (agg_np, agg_pod)):
+        assert np["spec"]["policyTypes"] == ["Ingress"]
+        assert np["spec"]["podSelector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    containers = {"agent": agent_pod["spec"]["containers"][0], "aggregator": agg_pod["spec"]["containers"][0]}
+    for role, np in (("agent", agent_np), ("aggregator", agg_np)):
+        otlp_rule, metrics_rule = np["spec"]["ingress"]
+        otlp_ports = {p["port"] for p in otlp_rule["ports"]}
+        assert otlp_ports == {container_port(containers[role], "otlp-grpc"), container_port(containers[role],
+                                                                                            "otlp-http")}
+        assert [p["port"] for p in metrics_rule["ports"]] == [container_port(containers[role], "metrics")]
+        assert "from" not in metrics_rule  # Prometheus and the kubelet's probes: from anywhere by default
+        assert otlp_rule["from"], "an OTLP rule without `from` would admit every pod"
+    assert agent_np["spec"]["ingress"][0]["from"] == [{"podSelector": {"matchLabels": {"otel-gpu/send": "true"}},
+                                                       "namespaceSelector": {}}]
+    assert agg_np["spec"]["ingress"][0]["from"][0]["podSelector"]["matchLabels"].items() <= \
+        agent_pod["metadata"]["labels"].items()
+    assert "otel-gpu/send" in notes  # the label a training pod needs is in the instructions
+    narrowed = render({"networkPolicy": {"trainingPods": {"namespaceSelector": {"matchLabels": {"team": "ml"}}},
+                                         "metricsFrom": [{"namespaceSelector": {"matchLabels": {"name": "mon"}}}]}})
+    np = one(narrowed[0], "NetworkPolicy", f"{RELEASE}-otel-gpu-agent")
+    assert np["spec"]["ingress"][0]["from"][0]["namespaceSelector"] == {"matchLabels": {"team": "ml"}}
+    assert np["spec"]["ingress"][1]["from"] == [{"namespaceSelector": {"matchLabels": {"name": "mon"}}}]
+    off, notes = render({"networkPolicy": {"enabled": False}})
+    assert not find(off, "NetworkPolicy") and "WARNING: networkPolicy.enabled is false" in notes
+
+
+def test_agent_token_guards_the_agents_otlp_and_training_pods_get_it_from_the_secret_not_the_configmap():
+    manifests, notes = render(FULL_VALUES)
+    cfg = _agent_config(manifests)
+    path = _volume_path(manifests, "DaemonSet", f"{RELEASE}-otel-gpu-agent", "agent-token")
+    for proto in ("grpc", "http"):
+        assert cfg["receivers"]["otlp"][proto]["auth"] == {"bearer_token_file": f"{path}/token"}
+    assert "secretKeyRef: {name: agent-token, key: token}" in notes
+    assert "authorization=Bearer $(OTEL_GPU_AGENT_TOKEN)" in notes
+    for env in find(manifests, "ConfigMap", f"{RELEASE}-otel-gpu-training-env"):
+        assert not [k for k in env["data"] if "TOKEN" in k or k == "OTEL_EXPORTER_OTLP_HEADERS"], env["data"]
+    default_cfg = _agent_config(render({})[0])
+    assert "auth" not in default_cfg["receivers"]["otlp"]["grpc"]  # off by default (the NetworkPolicy still applies)
+
+
+def test_a_token_in_the_training_environment_is_refused():
+    with helm.Chart.load(str(CHART)) as chart:
+        for extra in ({"OTEL_GPU_VERDICT_TOKEN": "s3cret"}, {"OTEL_GPU_FORWARDER_TOKEN": "s3cret"},
+                      {"OTEL_EXPORTER_OTLP_HEADERS": "authorization=Bearer s3cret"}):
+            with pytest.raises(helm.HelmError, match="trainingEnv.extra"):
+                chart.render({"trainingEnv": {"extra": extra}}, name=RELEASE, namespace=NAMESPACE)
+
+
+def test_trusted_forwarders_token_is_trusted_by_agents_and_aggregator_and_presented_by_the_agents(monkeypatch):
+    manifests, _ = render(FULL_VALUES)
+    agent = _agent_config(manifests)
+    agg = yaml.safe_load(one(manifests, "ConfigMap", f"{RELEASE}-otel-gpu-aggregator")["data"]["config.yaml"])
+    agent_path = _volume_path(manifests, "DaemonSet", f"{RELEASE}-otel-gpu-agent", "forwarder-token")
+    agg_path = _volume_path(manifests, "Deployment", f"{RELEASE}-otel-gpu-aggregator", "forwarder-token")
+    assert agent["receivers"]["otlp"]["trusted_forwarders"] == {"bearer_token_file": f"{agent_path}/token"}
+    assert agg["receivers"]["otlp"]["trusted_forwarders"] == {"bearer_token_file": f"{agg_path}/token"}
+    # the forwarder token also passes the aggregator's auth, so the agents present it instead of the plain token
+    assert agent["exporters"]["otlp/aggregator"]["auth"] == {"bearer_token_file": f"{agent_path}/token"}
+    for text in (agent, agg):  # and our own validator takes both configs
+        monkeypatch.setenv("NODE_NAME", "node-1")
+        load_text(yaml.safe_dump(text), "rendered")
+    plain = _agent_config(render({})[0])
+    assert "trusted_forwarders" not in plain["receivers"]["otlp"]

@@ -180,7 +180,8 @@ def test_cli_entry_point(store, capsys):
 
 
 def test_otel_sdk_event_to_collector_subprocess_to_report(tmp_path):
-    """The real path: an OTel SDK log event -> OTLP gRPC -> `otel-gpu collector` (store) -> `otel-gpu report`."""
+    """The real path: an OTel SDK log event -> OTLP gRPC -> `otel-gpu collector` (store) -> `otel-gpu report`; the
+    SDK sends as a trusted forwarder (records that act from anyone else are dropped: tests/test_hostile_trust.py)."""
     from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter
     from opentelemetry.sdk._logs import LoggerProvider
     from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
@@ -191,7 +192,8 @@ def test_otel_sdk_event_to_collector_subprocess_to_report(tmp_path):
     grpc_port = free_port()
     store = tmp_path / "store"
     config = f"""
-receivers: {{otlp: {{protocols: {{grpc: {{endpoint: "127.0.0.1:{grpc_port}"}}}}}}}}
+receivers: {{otlp: {{protocols: {{grpc: {{endpoint: "127.0.0.1:{grpc_port}"}}}},
+                     trusted_forwarders: {{bearer_token: forwarder-token}}}}}}
 exporters: {{store: {{path: "{store}"}}}}
 service: {{pipelines: {{logs: {{receivers: [otlp], exporters: [store]}}}}}}
 """
@@ -199,7 +201,8 @@ service: {{pipelines: {{logs: {{receivers: [otlp], exporters: [store]}}}}}}
         provider = LoggerProvider(resource=Resource.create({"training.job.id": "job-x", "training.rank": 0,
                                                             "host.name": "node-a"}))
         provider.add_log_record_processor(BatchLogRecordProcessor(
-            OTLPLogExporter(endpoint=f"127.0.0.1:{grpc_port}", insecure=True)))
+            OTLPLogExporter(endpoint=f"127.0.0.1:{grpc_port}", insecure=True,
+                            headers={"authorization": "Bearer forwarder-token"})))
         logger = provider.get_logger("e2e")
         logger.emit(event_name="otel_gpu.failure", body=json.dumps(HANG))
         logger.emit(event_name="otel_gpu.goodput", body=json.dumps(GOODPUT_X))

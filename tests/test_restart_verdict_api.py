@@ -67,7 +67,7 @@ def test_latest_version_per_failure_id_withdrawn_left_out_per_job():
         client = VerdictClient(exporter.url)
         assert client.healthy() and [r.failure_id for r in client.failures("job-b")] == ["f3"]
         with pytest.raises(urllib.error.HTTPError) as err:
-            _get(f"{exporter.url}/api/v1/failures?since=yesterday")
+            _get(f"{exporter.url}/api/v1/failures?job_id=job-b&since=yesterday")
         assert err.value.code == 400
     finally:
         exporter.shutdown()

@@ -585,8 +585,9 @@ def test_helm_chart_security_settings(monkeypatch):
         vols = {v["name"]: v for v in pod["volumes"]}
         assert vols["aggregator-tls"]["secret"]["secretName"] == "agg-tls"
         assert vols["aggregator-token"]["secret"]["secretName"] == "agg-token"
-    # Off by default: no secret volumes, plaintext in-cluster link, memory limiter still on.
-    manifests, _ = render({"aggregator": {"enabled": True}})
+    # Off when the operator opts out of a token (the chart refuses otherwise: tests/test_helm.py): no secret volumes,
+    # plaintext in-cluster link, memory limiter still on.
+    manifests, _ = render({"aggregator": {"enabled": True, "security": {"allowUnauthenticated": True}}})
     pod = one(manifests, "Deployment", agg_name)["spec"]["template"]["spec"]
     assert not {"aggregator-tls", "aggregator-token"} & {v["name"] for v in pod["volumes"]}
     agg_cfg = yaml.safe_load(one(manifests, "ConfigMap", agg_name)["data"]["config.yaml"])

@@ -319,7 +319,7 @@ service:
     collector.start()
     try:
         receiver = collector.component("receiver", "otlp")
-        receiver.accept_batch(logs_batch([("otel_gpu.failure", failure())]))
+        receiver.accept_batch(logs_batch([("otel_gpu.failure", failure())]), trusted=True)  # a trusted forwarder
         receiver.accept_batch(traces_batch([0, 1]))
     finally:
         collector.shutdown()  # flushes the store

@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from otel_gpu.collector.registry import known_types, load_factory
+from otel_gpu.collector.security import BearerAuthConfig, ServerTlsConfig
 from otel_gpu.component import ComponentFactory
 from otel_gpu.config import ConfigError, build, did_you_mean
 from otel_gpu.pdata import Signal
@@ -96,6 +97,10 @@ class TelemetryMetricsConfig:
     level: str = "normal"  # none, basic, normal, detailed (all but none serve the same metrics)
     address: str = ""
     readers: list[dict[str, Any]] = field(default_factory=list)
+    # otel-gpu's own (the page lists every component's counters): https, and a bearer token to scrape it
+    tls: ServerTlsConfig | None = None
+    auth: BearerAuthConfig | None = None
+    max_connections: int = 32
 
     def validate(self) -> None:
         if self.level not in ("none", "basic", "normal", "detailed"):
@@ -104,6 +109,8 @@ class TelemetryMetricsConfig:
             _host_port(self.address, "address")
         for i, reader in enumerate(self.readers):
             _reader_address(reader, f"readers[{i}]")
+        if self.max_connections < 1:
+            raise ValueError(f"max_connections must be >= 1 (got {self.max_connections})")
 
     def addresses(self) -> list[tuple[str, int]]:
         """Every (host, port) to listen on; empty with ``level: none``."""

@@ -184,14 +184,18 @@ class HttpEndpoint:
 
     For the collector's small endpoints (health_check, the self-metrics page): the same server as every other
     listener (connection cap, read timeout, no reverse DNS, ``SO_REUSEADDR``), with a handler that is one function.
-    Raises OSError when the address cannot be bound.
+    ``authorize`` (the ``Authorization`` header value or None -> allowed?) answers 401 before ``handle`` runs;
+    ``ssl_context`` serves https. Raises OSError when the address cannot be bound.
     """
 
     def __init__(self, host: str, port: int, handle: Callable[[str, str], Response], name: str, *,
-                 ssl_context: ssl.SSLContext | None = None, max_connections: int = 32):
-        handler = type("Handler", (_EndpointHandler,), {"handle_request": staticmethod(handle)})
+                 ssl_context: ssl.SSLContext | None = None, max_connections: int = 32,
+                 authorize: Callable[[str | None], bool] | None = None,
+                 read_timeout_s: float | None = READ_TIMEOUT_S):
+        handler = type("Handler", (_EndpointHandler,), {"handle_request": staticmethod(handle),
+                                                        "authorize": staticmethod(authorize) if authorize else None})
         self._server = make_server(host, port, handler, ssl_context=ssl_context, max_connections=max_connections,
-                                   what=name)
+                                   read_timeout_s=read_timeout_s, what=name)
         self.port: int = self._server.server_address[1]
         self._name = name
 
@@ -209,13 +213,21 @@ class _EndpointHandler(BaseHTTPRequestHandler):
     server_version = "otel-gpu"
     sys_version = ""
     handle_request: Callable[[str, str], Response]
+    authorize: Callable[[str | None], bool] | None = None
+    _UNAUTHORIZED: Response = (401, "text/plain; charset=utf-8", b"unauthorized: send Authorization: Bearer <token>\n")
 
     def log_message(self, fmt: str, *args) -> None:
         _logger.debug("%s: " + fmt, self.address_string(), *args)
 
     def _serve(self) -> None:
+        extra: tuple[tuple[str, str], ...] = ()
         try:
-            status, ctype, body = self.handle_request(self.command, self.path.partition("?")[0])
+            if self.authorize is not None and not self.authorize(self.headers.get("Authorization")):
+                # the presented token is never echoed or logged
+                status, ctype, body = self._UNAUTHORIZED
+                extra = (("WWW-Authenticate", 'Bearer realm="otel-gpu"'),)
+            else:
+                status, ctype, body = self.handle_request(self.command, self.path.partition("?")[0])
         except Exception:  # a bug here must not take the thread (or the collector) down
             _logger.exception("error serving %s %s", self.command, self.path)
             status, ctype, body = 500, "text/plain; charset=utf-8", b"internal error\n"
@@ -223,6 +235,8 @@ class _EndpointHandler(BaseHTTPRequestHandler):
             self.send_response(status)
             self.send_header("Content-Type", ctype)
             self.send_header("Content-Length", str(len(body)))
+            for key, value in extra:
+                self.send_header(key, value)
             self.end_headers()
             if self.command != "HEAD":
                 self.wfile.write(body)

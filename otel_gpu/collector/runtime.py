@@ -19,10 +19,11 @@ import time
 from typing import Any
 
 from otel_gpu.collector.httpserver import HttpEndpoint
+from otel_gpu.collector.security import BearerChecker, server_ssl_context
 from otel_gpu.collector.config import CollectorConfig, ComponentSpec
 from otel_gpu.collector.telemetry import PrometheusSelfTelemetry
-from otel_gpu.component import (READY, SELF_TELEMETRY_REGISTRY, Component, ComponentHost, Consumer, ExportResult, Exporter,
-                                LogOnce, Processor, ServiceKey, Services)
+from otel_gpu.component import (ACTING_EVENTS, READY, SELF_TELEMETRY_REGISTRY, Component, ComponentHost, Consumer,
+                                Exporter, ExportResult, LogOnce, Processor, ServiceKey, Services, drop_acting_records)
 from otel_gpu.pdata import Batch, Signal
 
 __all__ = ["Collector", "StartError"]
@@ -85,14 +86,32 @@ class _ProcessorStage:
 
 
 class _ReceiverOutput:
-    """A receiver's consumer for one signal: counts what it accepted, then fans out to its pipelines."""
+    """A receiver's consumer for one signal: the trust boundary, then counts what it accepted and fans out.
 
-    __slots__ = ("cid", "signal", "next", "telemetry")
+    ``consume`` is what any sender sent: records that act (:data:`otel_gpu.component.ACTING_EVENTS`) are dropped
+    here, before the first processor, counted in ``otel_gpu.collector.untrusted`` and logged once per receiver.
+    ``consume_trusted`` is for what a receiver authenticated as a trusted forwarder (an aggregator's sidecars).
+    """
 
-    def __init__(self, cid: str, signal: Signal, next_: Consumer, telemetry: PrometheusSelfTelemetry):
-        self.cid, self.signal, self.next, self.telemetry = cid, signal, next_, telemetry
+    __slots__ = ("cid", "signal", "next", "telemetry", "log_once")
+
+    def __init__(self, cid: str, signal: Signal, next_: Consumer, telemetry: PrometheusSelfTelemetry,
+                 log_once: LogOnce):
+        self.cid, self.signal, self.next, self.telemetry, self.log_once = cid, signal, next_, telemetry, log_once
 
     def consume(self, batch: Batch) -> None:
+        out, dropped = drop_acting_records(batch)
+        if dropped:
+            self.telemetry.untrusted(self.cid, batch.signal, dropped)
+            self.log_once(("untrusted", self.cid), logging.WARNING,
+                          "receivers.%s: dropped %d %s record(s) from a sender that did not authenticate as a trusted "
+                          "forwarder (only this collector's processors and trusted_forwarders may send them; "
+                          "counted in otel_gpu.collector.untrusted; logged once)", self.cid, dropped,
+                          "/".join(sorted(ACTING_EVENTS)))
+        if out is not None:
+            self.consume_trusted(out)
+
+    def consume_trusted(self, batch: Batch) -> None:
         self.telemetry.received(self.cid, batch.signal, batch.item_count())
         self.next.consume(batch)
 
@@ -159,7 +178,7 @@ class Collector:
             host = self._hosts[f"receiver:{cid}"]
             for signal, nexts in by_signal.items():
                 fan = nexts[0] if len(nexts) == 1 else _Fanout(nexts)
-                host._consumers[signal] = _ReceiverOutput(cid, signal, fan, self.telemetry)
+                host._consumers[signal] = _ReceiverOutput(cid, signal, fan, self.telemetry, LogOnce(_logger))
 
     # -- lifecycle -----------------------------------------------------------------------------------------------
     def _ordered(self) -> list[str]:
@@ -181,15 +200,28 @@ class Collector:
         return 200, CONTENT_TYPE_LATEST, generate_latest(self.telemetry.registry)
 
     def _start_telemetry(self) -> None:
-        for host, port in self.config.telemetry.metrics.addresses():
+        cfg = self.config.telemetry.metrics
+        addresses = cfg.addresses()
+        if not addresses:
+            return
+        try:
+            authorize = BearerChecker(cfg.auth, "service.telemetry.metrics.auth.bearer_token").check \
+                if cfg.auth is not None else None
+            ssl_context = server_ssl_context(cfg.tls, "service.telemetry.metrics.tls") if cfg.tls is not None else None
+        except ValueError as exc:
+            raise StartError(str(exc)) from None
+        for host, port in addresses:
             try:
-                endpoint = HttpEndpoint(host, port, self._serve_self_metrics, "otel-gpu-self-metrics")
+                endpoint = HttpEndpoint(host, port, self._serve_self_metrics, "otel-gpu-self-metrics",
+                                        ssl_context=ssl_context, authorize=authorize,
+                                        max_connections=cfg.max_connections)
             except OSError as exc:
                 raise StartError(f"service.telemetry.metrics: cannot listen on {host}:{port}: "
                                  f"{exc.strerror or exc}; set another address or level: none") from None
             endpoint.start()
             self._telemetry_endpoints.append(endpoint)
-            _logger.info("collector's own metrics on http://%s:%d/metrics", host, endpoint.port)
+            _logger.info("collector's own metrics on %s://%s:%d/metrics%s", "https" if ssl_context else "http", host,
+                         endpoint.port, " (bearer-token auth)" if authorize else "")
 
     def start(self) -> None:
         """Starts every component; on failure stops what started and raises :class:`StartError`."""

@@ -27,6 +27,9 @@ class PrometheusSelfTelemetry:
         self._refused = _counter(names.REFUSED, self.registry)
         self._exported = _counter(names.EXPORTED, self.registry)
         self._dropped = _counter(names.DROPPED, self.registry)
+        self._untrusted = _counter(names.UNTRUSTED, self.registry)
+        self._truncated = _counter(names.TRUNCATED, self.registry)
+        self._series_refused = _counter(names.SERIES_REFUSED, self.registry)
         self._queue = Gauge(names.QUEUE_SIZE.prometheus_name, names.QUEUE_SIZE.description, _LABELS[:1],
                             registry=self.registry)
         self._capacity = Gauge(names.QUEUE_CAPACITY.prometheus_name, names.QUEUE_CAPACITY.description, _LABELS[:1],
@@ -53,6 +56,15 @@ class PrometheusSelfTelemetry:
     def dropped(self, component: str, signal: Signal, n: int) -> None:
         self._dropped.labels(component, signal.value).inc(n)
 
+    def untrusted(self, component: str, signal: Signal, n: int) -> None:
+        self._untrusted.labels(component, signal.value).inc(n)
+
+    def truncated(self, component: str, signal: Signal, n: int) -> None:
+        self._truncated.labels(component, signal.value).inc(n)
+
+    def series_refused(self, component: str, signal: Signal, n: int) -> None:
+        self._series_refused.labels(component, signal.value).inc(n)
+
     def queue(self, component: str, size: int, capacity: int) -> None:
         self._queue.labels(component).set(size)
         self._capacity.labels(component).set(capacity)
@@ -68,7 +80,7 @@ class PrometheusSelfTelemetry:
     def value(self, metric: str, component: str, signal: Signal | str | None = None) -> float:
         """Current value of one series (``metric`` is the schema name), for tests and the report."""
         known = (names.RECEIVED, names.REFUSED, names.EXPORTED, names.DROPPED, names.QUEUE_SIZE, names.POISON_RECORDS,
-                 names.OUT_OF_WINDOW, names.DEGRADED)
+                 names.OUT_OF_WINDOW, names.DEGRADED, names.UNTRUSTED, names.TRUNCATED, names.SERIES_REFUSED)
         for obj in known:
             if obj.name == metric:
                 labels = {_LABELS[0]: component}

@@ -37,8 +37,14 @@ def bootstrap_dir() -> str:
     return os.path.dirname(os.path.abspath(_bootstrap.__file__))
 
 
+#: Credentials of ``otel-gpu run`` itself (the verdict API's token, the trusted-forwarder token its restart decisions
+#: carry): never passed on to the training command, whose code (and every library it loads) is not the operator's.
+PRIVATE_ENV = ("OTEL_GPU_VERDICT_TOKEN", "OTEL_GPU_VERDICT_TOKEN_FILE", "OTEL_GPU_FORWARDER_TOKEN",
+               "OTEL_GPU_FORWARDER_TOKEN_FILE")
+
+
 def launch_env(registry: str, endpoint: str | None, job_id: str, base: dict | None = None) -> dict[str, str]:
-    env = dict(os.environ if base is None else base)
+    env = {k: v for k, v in (os.environ if base is None else base).items() if k not in PRIVATE_ENV}
     boot = bootstrap_dir()
     parts = [boot] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != boot]
     env["PYTHONPATH"] = os.pathsep.join(parts)
@@ -222,13 +228,26 @@ def _will_reap(info: dict, procs: dict[int, dict]) -> bool:
     return parent is not None and parent in procs and _alive(parent)
 
 
-def send_event(launch: Launch, name: str, attributes: dict, body: dict, warning: bool = False) -> None:
-    """Sends one log event (``name``, e.g. ``otel_gpu.restart.decision``) with the launch's own resource."""
+def send_event(launch: Launch, name: str, attributes: dict, body: dict, warning: bool = False,
+               token: str | None = None) -> None:
+    """Sends one log event (``name``, e.g. ``otel_gpu.restart.decision``) with the launch's own resource; with
+    ``token``, as a trusted forwarder (``receivers.otlp.trusted_forwarders``: a record that acts is dropped from any
+    other sender) on a client of its own, so the token never reaches the ranks' exporters."""
     from otel_gpu.instrumentation import _export
 
     severity = _export.WARN if warning else _export.INFO
-    launch.client.send_logs(_export.logs_request(_export.make_resource(launch.identity.attributes()),
-                                                 [(name, time.time_ns(), attributes, body, severity)]))
+    request = _export.logs_request(_export.make_resource(launch.identity.attributes()),
+                                   [(name, time.time_ns(), attributes, body, severity)])
+    if not token:
+        launch.client.send_logs(request)
+        return
+    cfg = launch.config
+    client = _export.OtlpClient(cfg.endpoint, cfg.protocol, {**cfg.headers, "authorization": f"Bearer {token}"},
+                                cfg.export_timeout_s)
+    try:
+        client.send_logs(request)
+    finally:
+        client.close()
 
 
 def this_host(environ: dict[str, str] | None = None) -> str | None:

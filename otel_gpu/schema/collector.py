@@ -31,3 +31,13 @@ OUT_OF_WINDOW = metric("otel_gpu.collector.out_of_window", MetricType.COUNTER, "
 DEGRADED = metric("otel_gpu.collector.degraded", MetricType.GAUGE, "{state}",
                   "1 while a component runs degraded (a store that cannot open or write), else 0; the rest of the "
                   "collector goes on.", group=_G, attributes=(COMPONENT,))
+UNTRUSTED = metric("otel_gpu.collector.untrusted", MetricType.COUNTER, "{record}",
+                   "Records that act (failure, device state, restart decision, goodput) a receiver got from a sender "
+                   "that did not authenticate as a trusted forwarder: dropped before any processor or exporter.",
+                   group=_G, attributes=_ATTRS)
+TRUNCATED = metric("otel_gpu.collector.truncated", MetricType.COUNTER, "{attribute}",
+                   "Attributes a receiver cut from a request: dropped past the per-resource/per-item count limit, "
+                   "or a value shortened to the byte limit.", group=_G, attributes=_ATTRS)
+SERIES_REFUSED = metric("otel_gpu.collector.series_refused", MetricType.COUNTER, "{point}",
+                        "Data points a Prometheus exporter did not serve because they would have made a new series "
+                        "past its max_series bound.", group=_G, attributes=_ATTRS)

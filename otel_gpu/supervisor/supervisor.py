@@ -80,6 +80,9 @@ class Supervisor:
             except OSError as exc:
                 self.say(f"cannot read verdict.bearer_token_file ({exc.strerror}); asking without a token")
         self.client = VerdictClient(verdict_url, token, policy.verdict.ca_file)
+        #: Presented with the decisions this sends, so that a collector with trusted_forwarders keeps them (a
+        #: restart decision is a record that acts: from an unauthenticated sender the collector drops it).
+        self._forwarder_token = _forwarder_token(self.say)
         self.decisions: list[Decision] = []
         self.restart_times: collections.deque[float] = collections.deque()
         self.handled: set[str] = set()  # acted on
@@ -280,7 +283,7 @@ class Supervisor:
 
             body = {k: v for k, v in asdict(decision).items() if v is not None}
             send_event(launch, tr.RESTART_EVENT.name, {str(ids.JOB_ID): self.job_id}, body,
-                       warning=decision.decision != "done")
+                       warning=decision.decision != "done", token=self._forwarder_token)
         except Exception:  # the decision stands even if it cannot be exported
             _logger.debug("could not export the decision", exc_info=True)
 
@@ -590,3 +593,18 @@ def _all_gpus() -> list[str]:
             pynvml.nvmlShutdown()
     except Exception:  # noqa: BLE001 - no driver: nothing to exclude from
         return []
+
+
+def _forwarder_token(say) -> str | None:
+    """The trusted-forwarder token of ``otel-gpu run`` (receivers.otlp.trusted_forwarders on the collector):
+    ``OTEL_GPU_FORWARDER_TOKEN_FILE`` (a file, re-read at start) else ``OTEL_GPU_FORWARDER_TOKEN``; never passed to
+    the training command (otel_gpu.instrumentation.launcher.PRIVATE_ENV)."""
+    path = os.environ.get("OTEL_GPU_FORWARDER_TOKEN_FILE")
+    if path:
+        try:
+            with open(path, encoding="utf-8") as fh:
+                return fh.read().strip() or None
+        except OSError as exc:
+            say(f"cannot read OTEL_GPU_FORWARDER_TOKEN_FILE ({exc.strerror}); decisions are sent without it")
+            return None
+    return os.environ.get("OTEL_GPU_FORWARDER_TOKEN") or None

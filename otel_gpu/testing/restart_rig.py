@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import socket
 import sys
 from pathlib import Path
@@ -28,9 +29,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def rig_config(workdir: Path, grpc_port: int, verdict_port: int, hang_timeout_s: float = 5.0) -> str:
+def rig_config(workdir: Path, grpc_port: int, verdict_port: int, hang_timeout_s: float = 5.0,
+               forwarder_token: str = "") -> str:
+    """``forwarder_token``: the trusted-forwarder token ``otel-gpu run`` presents with its restart decisions
+    (``OTEL_GPU_FORWARDER_TOKEN``), so that the store keeps them; empty: none is trusted."""
+    otlp: dict[str, Any] = {"grpc": {"endpoint": f"127.0.0.1:{grpc_port}"}, "http": None}
+    if forwarder_token:
+        otlp["trusted_forwarders"] = {"bearer_token": forwarder_token}
     config: dict[str, Any] = {
-        "receivers": {"otlp": {"grpc": {"endpoint": f"127.0.0.1:{grpc_port}"}, "http": None}},
+        "receivers": {"otlp": otlp},
         "processors": {"attribution": {"hang_timeout": f"{hang_timeout_s:g}s", "heartbeat_timeout": "6s"},
                        "goodput": {"report_interval": "1s"}},
         "exporters": {"store": {"path": str(workdir / "store")},
@@ -56,8 +63,9 @@ class RestartRig:
         self.endpoint = f"http://127.0.0.1:{self.grpc_port}"
         self.verdict_url = f"http://127.0.0.1:{self.verdict_port}"
         self.collector: Collector | None = None
+        self.forwarder_token = secrets.token_hex(16)
         if start_collector:
-            text = rig_config(self.workdir, self.grpc_port, self.verdict_port, hang_timeout_s)
+            text = rig_config(self.workdir, self.grpc_port, self.verdict_port, hang_timeout_s, self.forwarder_token)
             self.collector = Collector(load_text(text, "restart-rig"))
             self.collector.start()
 
@@ -85,7 +93,8 @@ class RestartRig:
         env.update({"OTEL_GPU_WORKDIR": str(job_dir), "OTEL_GPU_FAULT": fault,
                     "OTEL_GPU_FAULT_RANK": str(rank), "OTEL_GPU_FAULT_STEP": str(step),
                     "OTEL_GPU_FAULT_ONCE": "1" if once else "0", "OTEL_GPU_STEPS": str(steps),
-                    "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"})
+                    "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
+                    "OTEL_GPU_FORWARDER_TOKEN": self.forwarder_token})
         if job_id:
             env["OTEL_GPU_JOB_ID"] = job_id
         env.update(extra)

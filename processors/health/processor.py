@@ -17,7 +17,7 @@ import threading
 import time
 from typing import Any
 
-from otel_gpu.component import DEVICE_HEALTH, DEVICE_HISTORY, Processor
+from otel_gpu.component import DEVICE_HEALTH, DEVICE_HISTORY, IdentityCache, Processor
 from otel_gpu.otlp_build import LogsBuilder, MetricsBuilder, Series, attributes
 from otel_gpu.pdata import Batch, Signal, attribute, attributes_dict, number_points, point_value
 from otel_gpu.processors.health._engine import HealthEngine, StateChange
@@ -125,7 +125,9 @@ class HealthProcessor(Processor):
         self._clock = time.time
         self._last_sample: dict[tuple[bytes, str], float] = {}
         self._last_nvlink: dict[tuple[bytes, str], float] = {}
-        self._hosts: dict[bytes, str] = {}
+        #: host name per resource, keyed by a hash of the resource (16 bytes), LRU-bounded: a flood of distinct
+        #: hostile resources evicts its own entries and pins no resource bytes.
+        self._hosts = IdentityCache(_VIEW_CACHE_MAX)
         self._series: dict[tuple[str, str], Series] = {}
         self._last_recurrence = float("-inf")
         self.changes: list[dict[str, Any]] = []  # recent state changes, newest last (bounded; tests, debugging)
@@ -173,15 +175,14 @@ class HealthProcessor(Processor):
         return batch
 
     def _host(self, resource: Any) -> tuple[bytes, str]:
-        key = resource.SerializeToString()
+        key = self._hosts.key(resource)
         name = self._hosts.get(key)
         if name is None:
             name = attribute(resource.attributes, _HOST)
             # a scalar of any type names the host; a list, a map or bytes does not
             name = "" if name is None or isinstance(name, (list, dict, bytes)) else str(name)
-            if len(self._hosts) >= _VIEW_CACHE_MAX:
-                self._hosts.clear()
-            self._hosts[key] = name = name or "unknown"
+            name = name or "unknown"
+            self._hosts.put(key, name)
         return key, name
 
     def _metrics(self, request: Any) -> None:
@@ -192,7 +193,7 @@ class HealthProcessor(Processor):
             for sm in rm.scope_metrics:
                 if key is None:
                     key, host = self._host(rm.resource)
-                skey = (key, sm.scope.name)
+                skey = (key, sm.scope.name[:256])  # a hostile scope name is not kept whole
                 last = self._last_sample.get(skey)
                 if last is not None and now - last < interval:
                     continue

@@ -26,8 +26,9 @@ class PipelineRefused(RuntimeError):
     """The pipeline raised while taking a batch: the client should retry."""
 
 
-Accept = Callable[[Signal, bytes], None]  # raises MalformedBatch or PipelineRefused
+Accept = Callable[[Signal, bytes, bool], None]  # (signal, bytes, trusted); raises MalformedBatch or PipelineRefused
 Authorize = Callable[[str | None], bool]  # the Authorization header value -> allowed?
+IsForwarder = Callable[[str | None, tuple[str, ...]], bool]  # (Authorization, client certificate names) -> trusted?
 Admit = Callable[[Signal], "float | None"]  # None: accept; else refuse, retry after that many seconds
 
 
@@ -48,7 +49,8 @@ def retry_info_trailer(message: str, delay_s: float) -> tuple[tuple[str, bytes],
 class GrpcServer:
     def __init__(self, host: str, port: int, max_recv_bytes: int, max_workers: int, signals: list[Signal],
                  accept: Accept, *, credentials: grpc.ServerCredentials | None = None,
-                 authorize: Authorize | None = None, admit: Admit | None = None):
+                 authorize: Authorize | None = None, admit: Admit | None = None,
+                 is_forwarder: IsForwarder | None = None):
         self._server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="otlp-grpc"),
             options=[
@@ -61,7 +63,7 @@ class GrpcServer:
         for signal in signals:
             self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
                 SERVICES[signal],
-                {"Export": grpc.unary_unary_rpc_method_handler(_export_handler(signal, accept, authorize, admit),
+                {"Export": grpc.unary_unary_rpc_method_handler(_export_handler(signal, accept, authorize, admit, is_forwarder),
                                                                request_deserializer=None,
                                                                response_serializer=None)}),))
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -85,10 +87,24 @@ class GrpcServer:
         self._server.stop(grace=max(0.0, min(2.0, timeout_s / 2))).wait(timeout_s)
 
 
-def _export_handler(signal: Signal, accept: Accept, authorize: Authorize | None, admit: Admit | None):
+def peer_names(context: grpc.ServicerContext) -> tuple[str, ...]:
+    """The subject CN and DNS names of the client's certificate, verified by mutual TLS (grpc sets them only then)."""
+    try:
+        auth = context.auth_context()
+    except Exception:  # noqa: BLE001 - an odd transport: no names
+        return ()
+    names = [*auth.get("x509_common_name", ()), *auth.get("x509_subject_alternative_name", ())]
+    return tuple(n.decode("utf-8", "replace") if isinstance(n, bytes) else str(n) for n in names)
+
+
+def _export_handler(signal: Signal, accept: Accept, authorize: Authorize | None, admit: Admit | None,
+                    is_forwarder: IsForwarder | None):
     def export(raw: bytes, context: grpc.ServicerContext) -> bytes:
-        if authorize is not None:
+        header = None
+        if authorize is not None or is_forwarder is not None:
             header = next((v for k, v in context.invocation_metadata() if k == "authorization"), None)
+        trusted = is_forwarder is not None and is_forwarder(header, peer_names(context))
+        if authorize is not None and not trusted:
             if not authorize(header):
                 # Never echo what the client sent: it may be a (wrong or someone else's) token.
                 context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or invalid bearer token "
@@ -100,7 +116,7 @@ def _export_handler(signal: Signal, accept: Accept, authorize: Authorize | None,
                 context.set_trailing_metadata(retry_info_trailer(message, delay))
                 context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, message)
         try:
-            accept(signal, raw)
+            accept(signal, raw, trusted)
         except MalformedBatch as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except PipelineRefused as exc:

@@ -33,9 +33,11 @@ class _BodyError(Exception):
 
 class HttpServer:
     def __init__(self, host: str, port: int, max_body_bytes: int, read_timeout_s: float, signals: list[Signal],
-                 receiver, *, ssl_context: ssl.SSLContext | None = None, authorize=None, max_connections: int = 256):
+                 receiver, *, ssl_context: ssl.SSLContext | None = None, authorize=None, max_connections: int = 256,
+                 is_forwarder=None):
         self.max_body_bytes = max_body_bytes
         self.authorize = authorize  # (Authorization header or None) -> bool
+        self.is_forwarder = is_forwarder  # (Authorization header or None, client certificate names) -> bool
         self.receiver = receiver
         self.paths = {f"/v1/{s.value}": s for s in signals}
         self.closing = False
@@ -109,7 +111,9 @@ class _Handler(BaseHTTPRequestHandler):
                                      close=True)
         if owner.closing:
             return self._reply_error(503, kind, "the collector is shutting down", close=True, retry_after=True)
-        if owner.authorize is not None and not owner.authorize(self.headers.get("Authorization")):
+        trusted = owner.is_forwarder is not None and owner.is_forwarder(self.headers.get("Authorization"),
+                                                                         self._peer_names())
+        if owner.authorize is not None and not trusted and not owner.authorize(self.headers.get("Authorization")):
             # The body is discarded unread. The presented token is never echoed or logged.
             return self._reply_error(401, kind, "missing or invalid bearer token (send Authorization: Bearer "
                                      "<token>)", close=not self._discard_body(),
@@ -123,14 +127,14 @@ class _Handler(BaseHTTPRequestHandler):
             try:
                 body = self._read_body()
                 if kind is _PROTOBUF:
-                    owner.receiver.accept(signal, body)
+                    owner.receiver.accept(signal, body, trusted)
                 else:
                     try:
                         batch = Batch.from_json(signal, body)
                     except MalformedBatch:
                         owner.receiver.refused_request(signal)
                         raise
-                    owner.receiver.accept_parsed(batch)
+                    owner.receiver.accept_parsed(batch, trusted)
             except _BodyError as exc:
                 owner.receiver.refused_request(signal)
                 return self._reply_error(exc.status, kind, str(exc), close=exc.close)
@@ -145,6 +149,19 @@ class _Handler(BaseHTTPRequestHandler):
             owner.leave()
         self._reply(200, kind, b"" if kind is _PROTOBUF else b"{}")
         return None
+
+    def _peer_names(self) -> tuple[str, ...]:
+        """The subject CN and DNS names of a client certificate verified by mutual TLS; () otherwise."""
+        getpeercert = getattr(self.connection, "getpeercert", None)
+        if getpeercert is None:
+            return ()
+        try:
+            cert = getpeercert() or {}
+        except (ValueError, OSError):
+            return ()
+        names = [v for rdn in cert.get("subject", ()) for k, v in rdn if k == "commonName"]
+        names += [v for k, v in cert.get("subjectAltName", ()) if k == "DNS"]
+        return tuple(names)
 
     def _not_allowed(self) -> None:
         kind = self._request_kind() or _JSON

@@ -9,10 +9,12 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
-from otel_gpu.collector.security import BearerAuthConfig, ServerTlsConfig
+from otel_gpu.collector.security import BearerAuthConfig, ServerTlsConfig, validate_secret
 
-__all__ = ["GrpcServerConfig", "HttpServerConfig", "OtlpReceiverConfig", "ProtocolsConfig", "split_endpoint"]
+__all__ = ["GrpcServerConfig", "HttpServerConfig", "LimitsConfig", "OtlpReceiverConfig", "ProtocolsConfig",
+           "TrustedForwardersConfig", "split_endpoint"]
 
 
 def split_endpoint(endpoint: str, key: str) -> tuple[str, int]:
@@ -74,12 +76,59 @@ class ProtocolsConfig:
 
 
 @dataclass
+class TrustedForwardersConfig:
+    """Peers that may send records that act (failures, device states, restart decisions, goodput): the sidecars
+    that forward to an aggregator, and ``otel-gpu run``. A request is a trusted forwarder's when it presents
+    ``bearer_token`` (``authorization: Bearer <token>``), or, over mutual TLS, a client certificate whose subject
+    CN or a DNS subject-alternative name is in ``client_names``."""
+
+    bearer_token: Any = ""
+    bearer_token_file: str = ""
+    client_names: list[str] = field(default_factory=list)
+
+    def validate(self) -> None:
+        self.bearer_token = validate_secret(self.bearer_token, "bearer_token")
+        if self.bearer_token and self.bearer_token_file:
+            raise ValueError("bearer_token: set bearer_token or bearer_token_file, not both")
+        if not self.bearer_token and not self.bearer_token_file and not self.client_names:
+            raise ValueError("bearer_token_file: trusted_forwarders needs bearer_token_file (or bearer_token: "
+                             "${env:VAR}) or client_names (mutual TLS); remove it to trust no sender")
+        for i, name in enumerate(self.client_names):
+            if not isinstance(name, str) or not name.strip():
+                raise ValueError(f"client_names[{i}]: a certificate subject CN or DNS name (got {name!r})")
+
+    def bearer(self) -> BearerAuthConfig | None:
+        if not self.bearer_token and not self.bearer_token_file:
+            return None
+        return BearerAuthConfig(self.bearer_token, self.bearer_token_file)
+
+
+@dataclass
+class LimitsConfig:
+    """Per-request bounds on what one sender can make the collector hold: attributes past ``max_attributes`` on a
+    resource, a scope or an item (span, data point, log record) are dropped, and string / bytes values longer than
+    ``max_attribute_value_bytes`` (also inside lists and maps) are cut to it; each cut counts 1 in
+    ``otel_gpu.collector.truncated``."""
+
+    max_attributes: int = 128
+    max_attribute_value_bytes: int = 16384
+
+    def validate(self) -> None:
+        if self.max_attributes < 1:
+            raise ValueError(f"max_attributes must be >= 1 (got {self.max_attributes})")
+        if self.max_attribute_value_bytes < 64:
+            raise ValueError(f"max_attribute_value_bytes must be >= 64 (got {self.max_attribute_value_bytes})")
+
+
+@dataclass
 class OtlpReceiverConfig:
     """``grpc`` and ``http`` are served by default; set one to null to turn it off."""
 
     grpc: GrpcServerConfig | None = field(default_factory=GrpcServerConfig)
     http: HttpServerConfig | None = field(default_factory=HttpServerConfig)
     protocols: ProtocolsConfig | None = None
+    trusted_forwarders: TrustedForwardersConfig | None = None  # who may send records that act; none by default
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
 
     def validate(self) -> None:
         if self.protocols is not None:
@@ -87,3 +136,9 @@ class OtlpReceiverConfig:
             self.grpc, self.http = self.protocols.grpc, self.protocols.http
         if self.grpc is None and self.http is None:
             raise ValueError("grpc: both grpc and http are null; enable at least one protocol")
+        tf = self.trusted_forwarders
+        if tf is not None and tf.client_names:
+            mtls = [s for s in (self.grpc, self.http) if s is not None and s.tls is not None and s.tls.client_ca_file]
+            if not mtls:
+                raise ValueError("trusted_forwarders.client_names: names client certificates, which needs mutual "
+                                 "TLS: set grpc.tls.client_ca_file (or http.tls.client_ca_file)")

@@ -93,10 +93,35 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
 {{- $_ := set $out "tls" $tls -}}
 {{- end -}}
-{{- if $sec.tokenSecret -}}
+{{- if .Values.trustedForwarders.tokenSecret -}}
+{{- /* The forwarder token also passes the aggregator's auth: the agents present it, so that what they forward keeps
+the records that act (receivers.otlp.trusted_forwarders on the aggregator). */ -}}
+{{- $_ := set $out "auth" (dict "bearer_token_file" "/var/run/secrets/otel-gpu/forwarder/token") -}}
+{{- else if $sec.tokenSecret -}}
 {{- $_ := set $out "auth" (dict "bearer_token_file" "/var/run/secrets/otel-gpu/token/token") -}}
 {{- end -}}
 {{- toYaml $out -}}
+{{- end -}}
+
+{{/* receivers.otlp.trusted_forwarders from trustedForwarders.tokenSecret; empty dict when unset. */}}
+{{- define "otel-gpu.trustedForwarders" -}}
+{{- if .Values.trustedForwarders.tokenSecret -}}
+{{- toYaml (dict "trusted_forwarders" (dict "bearer_token_file" "/var/run/secrets/otel-gpu/forwarder/token")) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The aggregator takes records from every node: without a token, any pod that reaches its Service can send. */}}
+{{- define "otel-gpu.checkAggregatorToken" -}}
+{{- $g := .Values.aggregator -}}
+{{- if and $g.enabled (not $g.security.tokenSecret) (not $g.security.mutualTls) (not $g.security.allowUnauthenticated) -}}
+{{- fail "aggregator.enabled needs aggregator.security.tokenSecret (a Secret with key `token`; the agents send it) or aggregator.security.mutualTls: without either, any pod that reaches the aggregator's Service can send it telemetry. Set aggregator.security.allowUnauthenticated=true to install anyway (NOTES.txt then warns)" -}}
+{{- end -}}
+{{- $t := .Values.trainingEnv -}}
+{{- range $k, $v := $t.extra | default dict -}}
+{{- if or (contains "TOKEN" (upper $k)) (and (eq (upper $k) "OTEL_EXPORTER_OTLP_HEADERS") (contains "bearer" (lower (toString $v)))) -}}
+{{- fail (printf "trainingEnv.extra.%s: a ConfigMap is no place for a secret, and the training job's environment is no place for the verdict or forwarder token; give training pods the agent's token with env.valueFrom.secretKeyRef (agent.security.tokenSecret, see NOTES.txt)" $k) -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 
 {{/* memory_limiter settings (memoryLimiter values); empty when off. */}}
@@ -146,7 +171,13 @@ overlaid with .Values.agent.config.
 {{- define "otel-gpu.agentConfig" -}}
 {{- $a := .Values.agent -}}
 {{- $r := $a.receivers -}}
-{{- $receivers := dict "otlp" (dict "grpc" (dict "endpoint" (printf "0.0.0.0:%d" (int $a.ports.otlpGrpc))) "http" (dict "endpoint" (printf "0.0.0.0:%d" (int $a.ports.otlpHttp)))) -}}
+{{- $otlpSec := dict -}}
+{{- if $a.security.tokenSecret -}}
+{{- $_ := set $otlpSec "auth" (dict "bearer_token_file" "/var/run/secrets/otel-gpu/agent-token/token") -}}
+{{- end -}}
+{{- $otlp := dict "grpc" (mustMergeOverwrite (dict "endpoint" (printf "0.0.0.0:%d" (int $a.ports.otlpGrpc))) (deepCopy $otlpSec)) "http" (mustMergeOverwrite (dict "endpoint" (printf "0.0.0.0:%d" (int $a.ports.otlpHttp))) (deepCopy $otlpSec)) -}}
+{{- $otlp = mustMergeOverwrite $otlp (include "otel-gpu.trustedForwarders" . | fromYaml | default dict) -}}
+{{- $receivers := dict "otlp" $otlp -}}
 {{- $metricsIn := list "otlp" -}}
 {{- $logsIn := list "otlp" -}}
 {{- if $r.nvml.enabled -}}
@@ -198,7 +229,9 @@ spans are on the spans the backend stores (and nothing is sent twice). */ -}}
 {{- define "otel-gpu.aggregatorConfig" -}}
 {{- $g := .Values.aggregator -}}
 {{- $sec := include "otel-gpu.aggregatorServerSecurity" . | fromYaml | default dict -}}
-{{- $receivers := dict "otlp" (dict "grpc" (mustMergeOverwrite (dict "endpoint" (printf "0.0.0.0:%d" (int $g.ports.otlpGrpc))) (deepCopy $sec)) "http" (mustMergeOverwrite (dict "endpoint" (printf "0.0.0.0:%d" (int $g.ports.otlpHttp))) (deepCopy $sec))) -}}
+{{- $otlp := dict "grpc" (mustMergeOverwrite (dict "endpoint" (printf "0.0.0.0:%d" (int $g.ports.otlpGrpc))) (deepCopy $sec)) "http" (mustMergeOverwrite (dict "endpoint" (printf "0.0.0.0:%d" (int $g.ports.otlpHttp))) (deepCopy $sec)) -}}
+{{- $otlp = mustMergeOverwrite $otlp (include "otel-gpu.trustedForwarders" . | fromYaml | default dict) -}}
+{{- $receivers := dict "otlp" $otlp -}}
 {{- $exporters := dict "prometheus" (dict "endpoint" (printf "0.0.0.0:%d" (int $g.ports.metrics))) "store" (dict "path" "/var/lib/otel-gpu") -}}
 {{- $traceOut := list "store" -}}
 {{- if .Values.backend.otlp.endpoint -}}

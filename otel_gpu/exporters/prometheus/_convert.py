@@ -81,11 +81,17 @@ class MetricState:
         log_once: where unsupported metric types are reported, once per metric name.
         promote: resource attributes copied into labels even when ``resource_labels`` is off (like Prometheus'
             ``otlp.promote_resource_attributes``).
+        max_series: series held at most (all families); a data point that would start a new one past it is refused
+            (existing series keep updating) and counted through ``on_refused``, with one warning.
     """
 
     def __init__(self, namespace: str = "", expiration_s: float = 300.0, resource_labels: bool = False,
                  const_labels: dict[str, str] | None = None, log_once: LogOnce | None = None,
-                 promote: Iterable[str] = ()):
+                 promote: Iterable[str] = (), max_series: int = 0, on_refused=None):
+        self._max_series = max_series  # 0: unbounded
+        self._on_refused = on_refused
+        self._n_series = 0
+        self._refused = 0
         self._prefix = f"{namespace}_" if namespace else ""
         self._expiration_s = expiration_s
         self._resource_labels = resource_labels
@@ -154,7 +160,21 @@ class MetricState:
                         taken += self._update_metric(metric, base, now)
             if now - self._last_sweep > min(10.0, self._expiration_s):
                 self._expire(now)
+            refused, self._refused = self._refused, 0
+        if refused and self._on_refused is not None:
+            self._on_refused(refused)
         return taken
+
+    def _room(self) -> bool:
+        """Whether a new series may start (``max_series``); a refusal is counted and warned about once."""
+        if not self._max_series or self._n_series < self._max_series:
+            self._n_series += 1
+            return True
+        self._refused += 1
+        self._log_once("max_series", logging.WARNING, "prometheus exporter: %d series held (max_series); data points "
+                       "that would start new series are refused until old ones expire (counted in "
+                       "otel_gpu.collector.series_refused; logged once)", self._max_series)
+        return False
 
     def _resource(self, attributes: Iterable[Any], now: float) -> dict[str, str]:
         """The labels a resource gives each of its series; records its ``target_info`` entry."""
@@ -188,6 +208,8 @@ class MetricState:
             if family is not None:
                 self._log_once(("type", name), logging.WARNING, "metric %s changed type from %s to %s; its old series "
                                "are dropped (logged once)", name, family[0], kind)
+            if family is not None:
+                self._n_series -= len(family[2])
             family = self._families[name] = [kind, help_text, {}]
         elif help_text and family[1] != help_text:
             family[1] = help_text
@@ -224,12 +246,15 @@ class MetricState:
         for dp in points:
             key = self._labels(dp.attributes, base)
             if dp.flags & _NO_RECORDED_VALUE:
-                series.pop(key, None)
+                if series.pop(key, None) is not None:
+                    self._n_series -= 1
                 continue
             value = point_value(dp)
             t = dp.time_unix_nano
             old = series.get(key)
             if old is None:
+                if not self._room():
+                    continue
                 series[key] = [value, t, now]
             elif delta:
                 old[0] += value
@@ -245,7 +270,8 @@ class MetricState:
         for dp in points:
             key = self._labels(dp.attributes, base)
             if dp.flags & _NO_RECORDED_VALUE:
-                series.pop(key, None)
+                if series.pop(key, None) is not None:
+                    self._n_series -= 1
                 continue
             bounds = tuple(dp.explicit_bounds)
             counts = list(dp.bucket_counts)
@@ -254,6 +280,8 @@ class MetricState:
             total = dp.sum if dp.HasField("sum") else None
             t = dp.time_unix_nano
             old = series.get(key)
+            if old is None and not self._room():
+                continue
             if old is not None and delta and old[0] == bounds:
                 old[1] = [a + b for a, b in zip(old[1], counts)]
                 old[2] = None if old[2] is None or total is None else old[2] + total
@@ -273,6 +301,7 @@ class MetricState:
             stale = [k for k, s in series.items() if s[stamp] < cutoff]
             for k in stale:
                 del series[k]
+            self._n_series -= len(stale)
             if not series:
                 del self._families[name]
         for key in [k for k, t in self._targets.items() if t < cutoff]:

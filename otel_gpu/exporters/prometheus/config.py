@@ -54,6 +54,7 @@ class PrometheusExporterConfig:
     endpoint: str = "127.0.0.1:9464"
     namespace: str = ""
     metric_expiration_s: float = 300.0
+    max_series: int = 100_000  # series held at most; points that would start new ones past it are refused, counted
     resource_to_telemetry_conversion: bool | dict[str, bool] = False
     promote_resource_attributes: list[str] = field(
         default_factory=lambda: [str(a) for a in PROMOTED_RESOURCE_ATTRIBUTES])
@@ -68,6 +69,8 @@ class PrometheusExporterConfig:
             raise ValueError(f"endpoint: {exc}") from None
         if self.namespace and not _NAMESPACE.match(self.namespace):
             raise ValueError(f"namespace must match [a-zA-Z_:][a-zA-Z0-9_:]* (got {self.namespace!r})")
+        if self.max_series < 1:
+            raise ValueError(f"max_series must be >= 1 (got {self.max_series})")
         if not self.metric_expiration_s > 0:
             raise ValueError(f"metric_expiration_s must be > 0 (got {self.metric_expiration_s})")
         if isinstance(self.resource_to_telemetry_conversion, dict):

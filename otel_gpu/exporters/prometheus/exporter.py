@@ -61,7 +61,9 @@ class PrometheusExporter(Exporter):
         super().__init__(config, host)
         self.state = MetricState(config.namespace, config.metric_expiration_s,
                                  bool(config.resource_to_telemetry_conversion), config.const_labels, host.log_once,
-                                 promote=config.promote_resource_attributes)
+                                 promote=config.promote_resource_attributes, max_series=config.max_series,
+                                 on_refused=lambda n: host.telemetry.series_refused(host.component_id,
+                                                                                    Signal.METRICS, n))
         self.registry = _registry()
         self.registry.register(self.state)
         self_telemetry = host.services.get(SELF_TELEMETRY_REGISTRY)

@@ -19,7 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from otel_gpu.component import COMPONENT_STATUS, DEVICE_HISTORY, FAILURE_HISTORY, ComponentHost, ExportResult, Exporter
+from otel_gpu.component import (COMPONENT_STATUS, DEVICE_HISTORY, FAILURE_HISTORY, ComponentHost, ExportResult, Exporter,
+                                IdentityCache)
 from otel_gpu.exporters.store import db
 from otel_gpu.exporters.store import devices as device_store
 from otel_gpu.exporters.store.config import StoreExporterConfig
@@ -224,7 +225,9 @@ class StoreExporter(Exporter):
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=config.queue_size)
         self._jobs_lock = threading.Lock()
         self._jobs: dict[str, _JobSeen] = {}
-        self._identities: dict[bytes, tuple[str, str | None, int | None, int | None] | None] = {}
+        #: (job, host, rank, world) per resource, keyed by a hash of its attributes, LRU-bounded (a flood of distinct
+        #: hostile resources costs at most _IDENTITY_CACHE small entries).
+        self._identities = IdentityCache(_IDENTITY_CACHE)
         self._known_ranks: set[tuple[str, int]] = set()
         self._known_hosts: set[tuple[str, str]] = set()
         self._thread: threading.Thread | None = None
@@ -310,9 +313,9 @@ class StoreExporter(Exporter):
         return True
 
     def _identity(self, resource: Any) -> tuple[str, str | None, int | None, int | None] | None:
-        """(job, host, rank, world size) of a resource, cached by its wire bytes (senders repeat the same few)."""
-        raw = resource.SerializeToString()
-        cached = self._identities.get(raw, False)
+        """(job, host, rank, world size) of a resource, cached by a hash of it (senders repeat the same few)."""
+        key = self._identities.key(resource)
+        cached = self._identities.get(key, False)
         if cached is not False:
             return cached
         found: dict[str, Any] = {}
@@ -323,9 +326,7 @@ class StoreExporter(Exporter):
         if found.get(_JOB):
             out = (str(found[_JOB]), str(found[_HOST]) if found.get(_HOST) else None, _int(found.get(_RANK)),
                    _int(found.get(_WORLD)))
-        if len(self._identities) >= _IDENTITY_CACHE:
-            self._identities.clear()
-        self._identities[raw] = out
+        self._identities.put(key, out)
         return out
 
     def _see_resources(self, resources: Any) -> None:

@@ -5,7 +5,9 @@ Put it in the logs pipeline after ``attribution``; it keeps, per job, the latest
 
 - ``GET /api/v1/failures?job_id=ID`` -> ``{"failures": [...]}`` newest first: the same records as
   ``otel-gpu report --format json`` (docs/design.md section 3); ``&since=UNIX_S`` keeps those detected at or after it;
-  ``&include_withdrawn=1`` keeps withdrawn ones;
+  ``&include_withdrawn=1`` keeps withdrawn ones; without ``job_id`` (every job) only with the token (``auth``; 403
+  when none is configured). It serves only records this collector's processors or a trusted forwarder made
+  (docs/security.md): forged ones never reach it;
 - ``GET /api/v1/devices?state=drain|watch[&host=H1,H2]`` -> ``{"devices": [...]}``: the latest health state of each
   device (from the ``health`` processor's ``otel_gpu.device.state_change`` events), most recent change first;
 - ``GET /health`` -> ``{"status": "ok"}`` (open, even with auth).

@@ -220,6 +220,12 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(404, {"error": f"not found: try {_PATH}?job_id=ID, {_DEVICES_PATH}?state=drain or /health"})
             return
         job_id = (query.get("job_id") or [None])[0]
+        if not job_id and auth is None:
+            # Every job's failures (their hosts, ranks, causes) to whoever asks: only to a holder of the token.
+            self._send(403, {"error": "listing every job's failures needs the token: ask with ?job_id=ID, or set "
+                                      f"exporters.{self.owner.host.component_id}.auth (bearer_token_file) and send "
+                                      "Authorization: Bearer <token>"})
+            return
         since = None
         if query.get("since"):
             try:

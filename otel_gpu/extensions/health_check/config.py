@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from otel_gpu.collector.security import BearerAuthConfig, ServerTlsConfig
+
 
 @dataclass
 class ResponseBodyConfig:
@@ -36,10 +38,15 @@ class HealthCheckConfig:
     path: str = "/"
     response_body: ResponseBodyConfig | None = None
     check_collector_pipeline: CheckPipelineConfig = field(default_factory=CheckPipelineConfig)
+    max_connections: int = 32  # connections served at once; more get 503 + Retry-After
+    tls: ServerTlsConfig | None = None  # {cert_file, key_file, client_ca_file}: serve https (mTLS with client_ca_file)
+    auth: BearerAuthConfig | None = None  # {bearer_token_file}: requests need Authorization: Bearer <token>
 
     def validate(self) -> None:
         host, sep, port = self.endpoint.rpartition(":")
         if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
             raise ValueError(f"endpoint must be HOST:PORT, e.g. 127.0.0.1:13133 (got {self.endpoint!r})")
+        if self.max_connections < 1:
+            raise ValueError(f"max_connections must be >= 1 (got {self.max_connections})")
         if not self.path.startswith("/"):
             raise ValueError(f"path must start with / (got {self.path!r})")

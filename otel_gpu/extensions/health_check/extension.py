@@ -7,6 +7,7 @@ import logging
 import time
 
 from otel_gpu.collector.httpserver import HttpEndpoint, Response
+from otel_gpu.collector.security import BearerChecker, server_ssl_context
 from otel_gpu.component import COMPONENT_STATUS, READY, Extension
 from otel_gpu.config import format_duration
 from otel_gpu.extensions.health_check.config import HealthCheckConfig
@@ -63,13 +64,19 @@ class HealthCheckExtension(Extension):
     def start(self) -> None:
         host, _, port = self.config.endpoint.rpartition(":")
         host = host.strip("[]")
+        cfg = self.config
+        authorize = BearerChecker(cfg.auth, "auth.bearer_token").check if cfg.auth is not None else None
+        ssl_context = server_ssl_context(cfg.tls, "tls") if cfg.tls is not None else None
         try:
-            self._endpoint = HttpEndpoint(host, int(port), self._handle, f"otel-gpu-{self.host.component_id}")
+            self._endpoint = HttpEndpoint(host, int(port), self._handle, f"otel-gpu-{self.host.component_id}",
+                                          ssl_context=ssl_context, max_connections=cfg.max_connections,
+                                          authorize=authorize)
         except OSError as exc:
             raise OSError(f"cannot listen on {self.config.endpoint}: {exc.strerror or exc}; set extensions."
                           f"{self.host.component_id}.endpoint to a free port") from None
         self._endpoint.start()
-        _logger.info("%s: health check on http://%s:%d%s", self.host.component_id, host, self.port, self.config.path)
+        _logger.info("%s: health check on %s://%s:%d%s%s", self.host.component_id, "https" if ssl_context else "http",
+                     host, self.port, self.config.path, " (bearer-token auth)" if authorize else "")
 
     def shutdown(self, timeout_s: float = 5.0) -> None:
         endpoint, self._endpoint = self._endpoint, None
