@@ -29,7 +29,7 @@ LOGS_EXPORT = "/opentelemetry.proto.collector.logs.v1.LogsService/Export"
 def run(durable: str, senders: int = 8, requests: int = 40, records: int = 50) -> dict:
     import grpc
     from collector_proc import start_collector
-    from test_store_faults import Ports, config, failures_request
+    from test_store_faults import AS_FORWARDER, Ports, config, failures_request
 
     from otel_gpu.exporters.store import db
 
@@ -44,7 +44,7 @@ def run(durable: str, senders: int = 8, requests: int = 40, records: int = 50) -
         with grpc.insecure_channel(f"127.0.0.1:{ports.grpc}") as channel:
             export = channel.unary_unary(LOGS_EXPORT)
             for raw in payloads[k]:
-                export(raw, timeout=30)
+                export(raw, timeout=30, metadata=AS_FORWARDER)
                 with lock:
                     acked[0] += records
 

@@ -47,7 +47,7 @@ def config(ports: Ports, store: Path, **store_settings) -> str:
     settings = {"path": str(store), "reopen_interval": "500ms", **store_settings}
     return f"""
 receivers:
-  otlp: {{grpc: {{endpoint: 127.0.0.1:{ports.grpc}}}, http: null}}
+  otlp: {{grpc: {{endpoint: 127.0.0.1:{ports.grpc}}}, http: null, trusted_forwarders: {{bearer_token: {FORWARDER}}}}}
 processors:
   goodput: {{}}
 exporters:
@@ -107,10 +107,15 @@ def metrics_request(value: float = 42.0) -> ExportMetricsServiceRequest:
     return req
 
 
+# The records sent here act (failures): they come as a trusted forwarder's (receivers.otlp.trusted_forwarders).
+FORWARDER = "forwarder-token-for-the-store-tests"
+AS_FORWARDER = (("authorization", f"Bearer {FORWARDER}"),)
+
+
 def send(port: int, request) -> None:
     with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
         if isinstance(request, ExportLogsServiceRequest):
-            logs_service_pb2_grpc.LogsServiceStub(channel).Export(request, timeout=20)
+            logs_service_pb2_grpc.LogsServiceStub(channel).Export(request, timeout=20, metadata=AS_FORWARDER)
         else:
             metrics_service_pb2_grpc.MetricsServiceStub(channel).Export(request, timeout=20)
 
@@ -279,7 +284,8 @@ def test_failure_records_answered_200_survive_a_sigkill_of_the_collector(tmp_pat
         with grpc.insecure_channel(f"127.0.0.1:{ports.grpc}") as channel:
             stub = logs_service_pb2_grpc.LogsServiceStub(channel)
             for i in range(30):
-                stub.Export(failures_request("job-kill", 10, start=(k * 30 + i) * 10), timeout=20)
+                stub.Export(failures_request("job-kill", 10, start=(k * 30 + i) * 10), timeout=20,
+                            metadata=AS_FORWARDER)
                 with lock:
                     acknowledged.append(10)
 
