@@ -402,19 +402,23 @@ class Launch:
         # end, so that their exits are reported too.
         orphan_deadline = time.monotonic() + self.orphan_wait_s
         while (watcher.pending() and time.monotonic() < deadline) or (
-                self._live_ranks() and time.monotonic() < orphan_deadline):
-            self._ends.watch(self._live_ranks())
+                self._outliving() and time.monotonic() < orphan_deadline):
+            self._ends.watch(self._outliving())
             self._ends.wait(0.1)
             self._reap()
             _send(self.client, self.identity, watcher.scan(direct=direct))
         _send(self.client, self.identity, watcher.scan(final=True, direct=direct))
 
-    def _live_ranks(self) -> list[int]:
-        """Registered ranks still running (not frozen: a stopped rank would hold the launcher up for nothing)."""
+    def _outliving(self) -> list[int]:
+        """Processes of this start that outlive CMD and may still end on their own: registered ranks still running,
+        and orphans this launcher inherited (a rank that has not registered yet among them). Not frozen ones: a
+        stopped rank would hold the launcher up for nothing."""
+        pids = {pid for pid, info in self.watcher.procs.items()
+                if info.get("rank") is not None and pid not in self.watcher.reported}
+        if self.subreaper:
+            pids.update(_procstate.children())
         out = []
-        for pid, info in self.watcher.procs.items():
-            if info.get("rank") is None or pid in self.watcher.reported:
-                continue
+        for pid in pids:
             st = _procstate.read_stat(pid)
             if st is not None and st.state not in ("Z", "X") and st.state not in _procstate.FROZEN_STATES:
                 out.append(pid)

@@ -28,7 +28,7 @@ import os
 from dataclasses import dataclass
 
 __all__ = ["ProcStat", "read_stat", "wchan", "kernel_stack", "frozen_how", "in_gpu_driver", "become_subreaper",
-           "reap_orphans", "FROZEN_STATES", "FrozenRanks"]
+           "reap_orphans", "children", "FROZEN_STATES", "FrozenRanks"]
 
 FROZEN_STATES = frozenset("DTt")
 _PR_SET_CHILD_SUBREAPER = 36
@@ -109,6 +109,19 @@ def become_subreaper() -> bool:
         return False
 
 
+def children(pid: int | None = None) -> list[int]:
+    """The live children of ``pid`` (default: this process), from every thread's ``/proc/PID/task/TID/children``."""
+    pid = os.getpid() if pid is None else pid
+    out: list[int] = []
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        out += [int(x) for x in _read_text(f"/proc/{pid}/task/{tid}/children", 65536).split() if x.isdigit()]
+    return out
+
+
 def reap_orphans(keep: int | None) -> list[tuple[int, int]]:
     """Reaps ended children other than ``keep`` (the launched command, which ``subprocess`` reaps): orphans that a
     subreaper inherited. Returns (pid, waitpid status) of each. Stops at ``keep``: ``waitid`` shows one child at a
@@ -149,7 +162,7 @@ class FrozenRanks:
         self._last = 0.0
 
     def check(self, procs: dict[int, dict], now: float) -> list[dict]:
-        if now - self._last < self.interval_s:
+        if self._last <= now < self._last + self.interval_s:
             return []
         self._last = now
         out = []
