@@ -20,6 +20,10 @@ gone with no status anyone could read, which is a death, never a clean exit (``p
 stamped with when the process ended (woken by its pidfd), not when its status was read, so that the first rank to
 die comes first. Live ranks that freeze (state T or D for 2 s: SIGSTOP, stuck in the kernel or the GPU driver) get an
 ``otel_gpu.process.state`` record with the state and wait channel, and another when they run again.
+
+Being the subreaper changes one thing a program can see: an orphaned descendant's parent becomes ``otel-gpu run``,
+not pid 1, so code that detects its parent's death by ``os.getppid() == 1`` (rather than by comparing with the parent
+it started with, or by ``PR_SET_PDEATHSIG``) would not notice it.
 """
 from __future__ import annotations
 
