@@ -2,8 +2,11 @@
 per kind, false alarms on healthy runs, and how soon a crash is in the store after the first rank's exit.
 
     .venv/bin/python benchmarks/attribution_suite.py --runs 60 --seed S [--only NAME ...] [--json out.json]
+    .venv/bin/python benchmarks/attribution_suite.py --launchers --runs 20    # only launcher and frozen-rank scenarios
 
-Each run is a real 4-rank gloo job under ``otel-gpu run -- torchrun`` against an in-process collector with the fake
+Each run is a real 4-rank gloo job under ``otel-gpu run -- torchrun`` (the ``lightning_*`` and ``spawn_*`` scenarios:
+ranks started by Lightning's own launcher or ``torch.multiprocessing.spawn``; ``*frozen``: a rank stopped by SIGSTOP)
+against an in-process collector with the fake
 NVML / fake sysfs (otel_gpu.testing.scenarios): the culprit is drawn from every rank (0 included), the fake hardware
 starts dirty (ports down since boot, a power cap on, background error counts, an old application XID; each drawn per
 run), and hardware evidence lands before, with or after the symptom (up to 5 s late; a late fact must revise the
@@ -148,6 +151,8 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=60)
     parser.add_argument("--seed", type=int, default=random.randrange(1 << 30))
     parser.add_argument("--only", nargs="*", help="scenario names (default: all)")
+    parser.add_argument("--launchers", action="store_true",
+                        help="only the launcher (lightning_*, spawn_*) and frozen-rank scenarios (issue 22)")
     parser.add_argument("--healthy-share", type=float, default=0.2, help="share of healthy-type runs (default 0.2)")
     parser.add_argument("--hang-timeout", type=float, default=8.0)
     parser.add_argument("--json", help="append one JSON line per run here (as it finishes)")
@@ -157,13 +162,15 @@ def main() -> int:
         rows = [json.loads(line) for line in Path(args.summarize).read_text().splitlines() if line.strip()]
         summarize(rows)
         return 0 if all(rw["ok"] for rw in rows) else 1
+    if args.launchers:
+        args.only = [n for n, s in SCENARIOS.items() if s.launcher != "torchrun" or s.fault == "sigstop"]
     unknown = [n for n in args.only or () if n not in SCENARIOS]
     if unknown:
         parser.error(f"unknown scenario(s) {unknown}; known: {', '.join(SCENARIOS)}")
     rng = random.Random(args.seed)
     cases = draw_cases(rng, args.runs, args.only, healthy_share=args.healthy_share)
     print(f"seed {args.seed}; {len(cases)} runs; hang timeout {args.hang_timeout} s", flush=True)
-    print(f"{'#':>3} {'scenario':17} {'k':>3} {'dirt':26} {'lag':>5} {'expected':40} {'found':40} {'det':>6} "
+    print(f"{'#':>3} {'scenario':23} {'k':>3} {'dirt':26} {'lag':>5} {'expected':40} {'found':40} {'det':>6} "
           f"{'store':>6} {'ok':>3}", flush=True)
     rows: list[dict] = []
     start = time.time()
@@ -180,7 +187,7 @@ def main() -> int:
         lag = f"{case.evidence_lag_s:+.1f}" if case.scenario.hardware else "-"
         det = f"{r.latency_s:.1f}" if r.latency_s is not None else "-"
         store = f"{r.store_latency_s:.2f}" if r.store_latency_s is not None and case.scenario.kind == "crash" else "-"
-        print(f"{i:>3} {case.scenario.name:17} {k:>3} {str(case.dirt):26} {lag:>5} {exp[:40]:40} {found[:40]:40} "
+        print(f"{i:>3} {case.scenario.name:23} {k:>3} {str(case.dirt):26} {lag:>5} {exp[:40]:40} {found[:40]:40} "
               f"{det:>6} {store:>6} {'yes' if r.ok else 'NO':>3}", flush=True)
         if not r.ok:
             for f in r.records:

@@ -52,6 +52,9 @@ TAXONOMY: dict[RootCause, tuple[Category, Action, bool]] = {
     RootCause.CHECKPOINT_STALL: (Category.SOFTWARE, Action.INVESTIGATE, False),
     RootCause.RANK_EXITED_EARLY: (Category.USER, Action.USER_FIX, False),
     RootCause.NODE_LOST: (Category.INFRASTRUCTURE, Action.EXCLUDE_NODE_AND_RESTART, True),
+    # stopped (SIGSTOP, a debugger) or in uninterruptible sleep outside the GPU driver; D inside the NVIDIA driver
+    # is hardware (the finding says so: category hardware, exclude_node_and_restart)
+    RootCause.RANK_FROZEN: (Category.INFRASTRUCTURE, Action.INVESTIGATE, False),
     RootCause.UNKNOWN: (Category.SOFTWARE, Action.INVESTIGATE, False),
 }
 

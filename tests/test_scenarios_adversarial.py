@@ -29,7 +29,7 @@ def _ci_cases() -> list[Case]:
     cases = []
     for name in names:
         s = SCENARIOS[name]
-        rank = s.fixed_rank if s.fixed_rank is not None else rng.randrange(WORLD)
+        rank = s.fixed_rank if s.fixed_rank is not None else rng.choice(s.draw_from or range(WORLD))
         second = (rank + 1 + rng.randrange(WORLD - 1)) % WORLD if any(e.who == "k2" for e in s.also) else None
         lag = rng.choice([-1.5, 0.0, 3.0]) if s.hardware else -1.5
         cases.append(Case(s, rank, second, CI_DIRT, lag))

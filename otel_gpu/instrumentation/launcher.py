@@ -10,6 +10,20 @@ its pid there (and its rank once known), appends its own end (exception, signal,
 of every child it reaps (so torchrun's agent reports its workers' exit codes and signals). The launcher watches the
 registry while CMD runs and sends one ``otel_gpu.process.exit`` log record per process as soon as it has ended,
 including processes that vanished without a word (SIGKILL, ``os._exit``); it returns CMD's exit status.
+
+Exit truth for every launcher (torchrun, Lightning, ``mp.spawn``, accelerate, a shell script, ``srun``): how a
+process ended is, in order, what CMD's own ``waitpid`` said (CMD itself), what an instrumented parent's ``waitpid``
+noted, the status the kernel keeps for a zombie until its parent reaps it (read at once from ``/proc/PID/stat``, so
+a parent that reaps late, as Lightning's every 5 s, changes nothing), the status of an orphan ``otel-gpu run``
+reaped itself (it is the subreaper of its descendants), the process's own last record, and only then "vanished":
+gone with no status anyone could read, which is a death, never a clean exit (``process.exit.how``). Each record is
+stamped with when the process ended (woken by its pidfd), not when its status was read, so that the first rank to
+die comes first. Live ranks that freeze (state T or D for 2 s: SIGSTOP, stuck in the kernel or the GPU driver) get an
+``otel_gpu.process.state`` record with the state and wait channel, and another when they run again.
+
+Being the subreaper changes one thing a program can see: an orphaned descendant's parent becomes ``otel-gpu run``,
+not pid 1, so code that detects its parent's death by ``os.getppid() == 1`` (rather than by comparing with the parent
+it started with, or by ``PR_SET_PDEATHSIG``) would not notice it.
 """
 from __future__ import annotations
 
@@ -23,7 +37,7 @@ import sys
 import tempfile
 import time
 
-from otel_gpu.instrumentation import jobid
+from otel_gpu.instrumentation import _procstate, jobid
 
 _logger = logging.getLogger(__name__)
 
@@ -149,7 +163,15 @@ class ExitWatcher:
         self.grace_s = grace_s
         self.reported: dict[int, dict] = {}
         self.known: set[int] = set()  # every pid that registered
+        self.procs: dict[int, dict] = {}  # the registry's processes, as last read
         self._dead_since: dict[int, float] = {}
+        self._died_at: dict[int, float] = {}  # wall clock when first seen ended (the pidfd woke us then)
+        self._kernel: dict[int, int] = {}  # waitpid status from the kernel: a zombie's, or an orphan we reaped
+
+    def note_status(self, pid: int, status: int, when: float | None = None) -> None:
+        """The exact waitpid status of ``pid`` (an orphan this launcher reaped as its subreaper)."""
+        self._kernel.setdefault(pid, status)
+        self._died_at.setdefault(pid, time.time() if when is None else when)
 
     def pending(self) -> bool:
         """Some process is gone but not yet reported (waiting for its record within the grace period)."""
@@ -161,6 +183,7 @@ class ExitWatcher:
 
         procs, events, waits = _registry.read(self.registry)
         self.known.update(procs)
+        self.procs = procs
         if direct is not None and direct[0] not in procs:
             procs[direct[0]] = {"pid": direct[0], "role": "command", "rank": None}
         now = time.monotonic()
@@ -172,15 +195,27 @@ class ExitWatcher:
             if pid in self.reported:
                 continue
             if direct is None or pid != direct[0]:
-                if _alive(pid):
-                    continue
+                if pid not in self._kernel:
+                    st = _procstate.read_stat(pid)
+                    if st is not None and st.state not in ("Z", "X"):
+                        continue  # alive
+                    if st is not None and st.exit_status is not None:
+                        self._kernel[pid] = st.exit_status  # a zombie: its parent has not reaped it yet
+                    elif st is None and _alive(pid):
+                        continue
             self._dead_since.setdefault(pid, now)
+            self._died_at.setdefault(pid, time.time())
             wait = waits.get(pid)
             own = events.get(pid, [])
             ended = next((e for e in reversed(own) if e.get("kind") == "atexit"), None)
             signalled = next((e for e in reversed(own) if e.get("kind") == "signal"), None)
             exc = next((e for e in reversed(own) if e.get("kind") == "exception"), None)
-            t_end = (wait or {}).get("t") or next((e.get("t") for e in reversed(own)), None)
+            # When it ended: the earliest of its own last word, our first sight of its end, its parent's reaping
+            # (which can be seconds late: Lightning polls its children every 5 s).
+            times = [t for t in ((wait or {}).get("t"), self._died_at.get(pid),
+                                 next((e.get("t") for e in reversed(own)), None)) if t is not None]
+            t_end = min(times) if times else None
+            kernel = self._kernel.get(pid)
             rep = {"pid": pid, "rank": info.get("rank"), "local_rank": info.get("local_rank"), "ended_at": t_end,
                    "role": info.get("role"), "host": info.get("host"), "argv": info.get("argv")}
             if direct is not None and pid == direct[0]:
@@ -189,6 +224,10 @@ class ExitWatcher:
             elif wait is not None:
                 rep.update(code=wait.get("code", -wait["signal"] if "signal" in wait else None),
                            signal=_signame(wait.get("signal")), source="waitpid")
+            elif kernel is not None:
+                sig = os.WTERMSIG(kernel) if os.WIFSIGNALED(kernel) else None
+                rep.update(code=-sig if sig else (os.WEXITSTATUS(kernel) if os.WIFEXITED(kernel) else None),
+                           signal=_signame(sig), source="kernel")
             elif not final and now - self._dead_since[pid] < self.grace_s and _will_reap(info, procs):
                 continue  # its instrumented parent is about to write how it ended: more than the process itself knew
             elif ended is not None or signalled is not None:
@@ -215,7 +254,7 @@ class ExitWatcher:
                 rep["how"] = None  # not printed either
                 self.reported[pid] = rep  # a helper process (mp.spawn's parent, resource tracker): not worth a record
                 continue
-            if ended is None and signalled is None and rep["source"] == "waitpid" and not rep["signal"]:
+            if ended is None and signalled is None and rep["source"] in ("waitpid", "kernel") and not rep["signal"]:
                 rep["no_atexit"] = True  # exited without running atexit: os._exit
             self.reported[pid] = rep
             out.append(rep)
@@ -272,8 +311,32 @@ def _send(client, identity, reports: list[dict]) -> None:
         attrs = {str(ids.JOB_ID): identity.job_id, str(ids.RANK): _int_or_none(rep.get("rank")),
                  str(tr.EXIT_CODE): rep.get("code"), str(tr.EXIT_SIGNAL): rep.get("signal"),
                  str(ids.PROCESS_PID): rep["pid"]}
-        severity = _export.INFO if rep.get("code") == 0 else _export.ERROR
-        records.append((str(tr.EXIT_EVENT), time.time_ns(), attrs, rep, severity))
+        if rep.get("how") is not None:
+            attrs[str(tr.EXIT_HOW)] = rep["how"]
+        severity = _export.INFO if rep.get("code") == 0 and rep.get("how") != "vanished" else _export.ERROR
+        # stamped with when it ended: the attribution orders deaths by it (the first rank to die, not to report)
+        t_ns = int(rep["ended_at"] * 1e9) if isinstance(rep.get("ended_at"), (int, float)) else time.time_ns()
+        records.append((str(tr.EXIT_EVENT), t_ns, attrs, rep, severity))
+    client.send_logs(_export.logs_request(_export.make_resource(identity.attributes()), records))
+
+
+def _send_states(client, identity, reports: list[dict]) -> None:
+    """``otel_gpu.process.state`` records: a rank frozen (state T or D), or running again."""
+    if not reports:
+        return
+    from otel_gpu.instrumentation import _export
+    from otel_gpu.schema import identity as ids
+    from otel_gpu.schema import training as tr
+
+    records = []
+    for rep in reports:
+        attrs = {str(ids.JOB_ID): identity.job_id, str(ids.RANK): _int_or_none(rep.get("rank")),
+                 str(tr.PROCESS_STATE): rep["state"], str(tr.PROCESS_WCHAN): rep.get("wchan") or "",
+                 str(ids.PROCESS_PID): rep["pid"]}
+        if rep.get("how"):
+            attrs[str(tr.PROCESS_FROZEN)] = rep["how"]
+        severity = _export.INFO if rep.get("resumed") else _export.ERROR
+        records.append((str(tr.STATE_EVENT), int(rep["since"] * 1e9), attrs, rep, severity))
     client.send_logs(_export.logs_request(_export.make_resource(identity.attributes()), records))
 
 
@@ -321,7 +384,11 @@ class Launch:
         self.watcher = ExitWatcher(self.registry, on_job_id=self._adopt if job is not None else None)
         self.proc: subprocess.Popen | None = None
         self.rc: int | None = None
+        self.ended_at: float | None = None  # wall clock when CMD was seen ended
         self._ends = EndWaiter()
+        self._frozen = _procstate.FrozenRanks()
+        self.subreaper = False
+        self.orphan_wait_s = 5.0  # after CMD ended: how long ranks that outlive it may take to end
 
     def _adopt(self, agreed: str | None) -> None:
         """The job id the ranks agreed on, for the launcher's own records (otel_gpu.instrumentation.jobid)."""
@@ -329,8 +396,18 @@ class Launch:
         self.job_id = self.job.value
 
     def start(self) -> None:
-        """Starts CMD. Raises OSError when it cannot be started."""
+        """Starts CMD. Raises OSError when it cannot be started. This process becomes the subreaper of CMD's
+        descendants first, so that a rank whose parent died before it is reaped here, with its exact status."""
+        self.subreaper = _procstate.become_subreaper()
         self.proc = subprocess.Popen(self.cmd, env=self.env)
+
+    def _reap(self) -> None:
+        """Reaps orphans this launcher inherited (as subreaper) and notes how they ended."""
+        if not self.subreaper:
+            return
+        now = time.time()
+        for pid, status in _procstate.reap_orphans(self.proc.pid if self.rc is None else None):
+            self.watcher.note_status(pid, status, now)
 
     def poll(self, timeout_s: float) -> int | None:
         """Waits up to ``timeout_s`` for CMD to end, sending the exit record of each process that ends meanwhile as
@@ -341,13 +418,16 @@ class Launch:
         while True:
             self.rc = self.proc.poll()
             if self.rc is not None:
+                self.ended_at = self.ended_at or time.time()
                 return self.rc
+            self._reap()
             _send(self.client, self.identity, self.watcher.scan())
+            _send_states(self.client, self.identity, self._frozen.check(self.watcher.procs, time.time()))
             left = deadline - time.monotonic()
             if left <= 0:
                 return None
             self._ends.watch([self.proc.pid, *self.watcher.known])
-            self._ends.wait(min(left, 0.05) if self.watcher.pending() else left)
+            self._ends.wait(min(left, 0.05) if self.watcher.pending() else min(left, self._frozen.interval_s))
 
     def finish(self) -> None:
         """After CMD ended: the last exit records. A process that just ended may get its record a moment after its
@@ -356,12 +436,35 @@ class Launch:
         assert self.proc is not None and self.rc is not None
         watcher = self.watcher
         direct = (self.proc.pid, self.rc)
+        watcher._died_at.setdefault(self.proc.pid, self.ended_at or time.time())
+        self._reap()
         deadline = time.monotonic() + watcher.grace_s
         _send(self.client, self.identity, watcher.scan(direct=direct))
-        while watcher.pending() and time.monotonic() < deadline:
-            time.sleep(0.1)
+        # Ranks that outlive CMD (orphans of a parent that died: they fail in their next collective) get a moment to
+        # end, so that their exits are reported too.
+        orphan_deadline = time.monotonic() + self.orphan_wait_s
+        while (watcher.pending() and time.monotonic() < deadline) or (
+                self._outliving() and time.monotonic() < orphan_deadline):
+            self._ends.watch(self._outliving())
+            self._ends.wait(0.1)
+            self._reap()
             _send(self.client, self.identity, watcher.scan(direct=direct))
         _send(self.client, self.identity, watcher.scan(final=True, direct=direct))
+
+    def _outliving(self) -> list[int]:
+        """Processes of this start that outlive CMD and may still end on their own: registered ranks still running,
+        and orphans this launcher inherited (a rank that has not registered yet among them). Not frozen ones: a
+        stopped rank would hold the launcher up for nothing."""
+        pids = {pid for pid, info in self.watcher.procs.items()
+                if info.get("rank") is not None and pid not in self.watcher.reported}
+        if self.subreaper:
+            pids.update(_procstate.children())
+        out = []
+        for pid in pids:
+            st = _procstate.read_stat(pid)
+            if st is not None and st.state not in ("Z", "X") and st.state not in _procstate.FROZEN_STATES:
+                out.append(pid)
+        return out
 
     def pids(self) -> set[int]:
         """Every process of this start that registered (ranks in their own sessions included)."""

@@ -53,6 +53,7 @@ class RootCause(str, enum.Enum):
     CHECKPOINT_STALL = "checkpoint_stall"
     RANK_EXITED_EARLY = "rank_exited_early"  # ended cleanly (code 0) while its peers still wait or fail
     NODE_LOST = "node_lost"  # every process and the node agent of a host vanished together, no exit records
+    RANK_FROZEN = "rank_frozen"  # its process exists but does not run: stopped (state T) or stuck in the kernel (D)
     UNKNOWN = "unknown"
 
 

@@ -58,6 +58,14 @@ THREAD_NAME = attr("thread.name", "string", "Thread the exception was raised in.
 EXIT_CODE = attr("process.exit.code", "int", "Exit status of a launched process (negative: killed by signal).",
                  group=_G)
 EXIT_SIGNAL = attr("process.exit.signal", "string", "Signal that ended the process, e.g. SIGKILL.", group=_G)
+EXIT_HOW = attr("process.exit.how", "string", "How a launched process ended: exited, exception, killed, or vanished "
+                "(gone with no status anyone could read: SIGKILL or os._exit; never a clean exit).", group=_G)
+PROCESS_STATE = attr("process.state", "string", "Kernel state of a live rank's main thread (/proc/PID/stat): R, S, "
+                     "D (uninterruptible), T (stopped), t (traced).", group=_G)
+PROCESS_WCHAN = attr("process.wchan", "string", "Kernel function a frozen rank waits in (/proc/PID/wchan).",
+                     group=_G)
+PROCESS_FROZEN = attr("process.frozen", "string", "How a rank is frozen: stopped (state T), gpu_driver (state D in "
+                      "the NVIDIA driver), uninterruptible (state D elsewhere); absent when it runs again.", group=_G)
 CHECKPOINT_BYTES = attr("checkpoint.bytes", "int", "Bytes written or read, when known.", group=_G)
 CHECKPOINT_PATH = attr("checkpoint.path", "string", "Checkpoint path, when known.", group=_G)
 
@@ -89,7 +97,11 @@ EXCEPTION_EVENT = event("otel_gpu.exception", "An uncaught exception in a traini
 SIGNAL_EVENT = event("otel_gpu.signal", "A training process received SIGTERM/SIGINT (and was flushed).", group=_G,
                      attributes=(EXIT_SIGNAL, STEP))
 EXIT_EVENT = event("otel_gpu.process.exit", "A process launched by `otel-gpu run` (or a rank, atexit) ended.",
-                   group=_G, attributes=(JOB_ID, RANK, EXIT_CODE, EXIT_SIGNAL))
+                   group=_G, attributes=(JOB_ID, RANK, EXIT_CODE, EXIT_SIGNAL, EXIT_HOW))
+STATE_EVENT = event("otel_gpu.process.state", "`otel-gpu run` saw a live rank frozen (state T or D for 2 s: it "
+                    "exists but does not run), or running again.", group=_G,
+                    attributes=(JOB_ID, RANK, PROCESS_STATE, PROCESS_WCHAN, PROCESS_FROZEN),
+                    body="{pid, rank, state, how, wchan, stack (kernel stack, root only), since, resumed}")
 
 RESTART_EVENT = event("otel_gpu.restart.decision", "What `otel-gpu run --restart` decided after a failure of the job "
                       "(restart, exclude and restart, stop with the diagnosis, give up: budget spent) and why.",

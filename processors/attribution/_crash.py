@@ -2,8 +2,9 @@
 wait ``crash_settle_s`` for the other ranks' reports, then name the first cause.
 
 Rules, in order:
-- The first primary cause wins: a user exception, an out-of-memory error, a CUDA error, a process killed or exiting
-  non-zero without an exception. What the other ranks report afterwards (a collective failing because a peer went
+- The first primary cause wins: a user exception, an out-of-memory error, a CUDA error, a process killed, exiting
+  non-zero, or vanished (gone with no status anyone could read: never a clean exit) without an exception. "First"
+  is when it happened (an exit record carries when the process ended), not when it was reported. What the other ranks report afterwards (a collective failing because a peer went
   away, a timeout, the launcher's SIGTERM) are consequences, never the culprit.
 - A user-code exception (KeyError, ValueError, ...) or an out-of-memory error is never overridden by hardware: no GPU
   fault makes a KeyError. A CUDA error is linked to an XID on its GPU (or with its pid); a process that died without
@@ -68,18 +69,23 @@ def decide_crash(engine: Engine, job: JobState, now: float) -> Finding | None:
                 x.exception is None and x.exit is not None and x.exit.signal in STOP_SIGNALS for x in failed):
             consequences.append(r)  # the whole job was stopped (scheduler, Ctrl-C): not a crash
         elif exc is None and r.exit is not None:
-            how = f"was killed by {r.exit.signal}" if r.exit.signal else f"exited with code {r.exit.code}"
+            if r.exit.vanished:
+                how = "vanished without an exit status (SIGKILL or os._exit)"
+                ev = [Evidence("process.exit.how", "vanished", r.exit.time)]
+            else:
+                how = f"was killed by {r.exit.signal}" if r.exit.signal else f"exited with code {r.exit.code}"
+                ev = [Evidence("process.exit.signal" if r.exit.signal else "process.exit.code",
+                               r.exit.signal or r.exit.code, r.exit.time)]
             summary = f"rank {r.rank} {how} without raising an exception"
             if r.exit.signal == "SIGKILL":
                 summary += " (the OOM killer or an external kill)"
-            ev = [Evidence("process.exit.signal" if r.exit.signal else "process.exit.code",
-                           r.exit.signal or r.exit.code, r.exit.time)]
             if r.background_exception is not None:
                 bg = r.background_exception
                 ev.append(Evidence("exception.type", bg.type, bg.time))
                 summary += f" (after {bg.type} in thread {bg.thread})"
-            finding = Finding(Kind.CRASH, RootCause.RANK_PROCESS_DIED, r.exit.time, 0.9, r.rank, r.who.host, None,
-                              ev, summary, {"signal": r.exit.signal or f"exit:{r.exit.code}"},
+            finding = Finding(Kind.CRASH, RootCause.RANK_PROCESS_DIED, r.exit.time, 0.8 if r.exit.vanished else 0.9,
+                              r.rank, r.who.host, None, ev, summary,
+                              {"signal": "vanished" if r.exit.vanished else r.exit.signal or f"exit:{r.exit.code}"},
                               explainable_by=[r.rank], symptom_time=r.exit.time)
             primaries.append((r.exit.time, r, finding))
         else:

@@ -26,7 +26,7 @@ import logging
 from otel_gpu.processors.attribution import _crash, _hang, _slowdown
 from otel_gpu.processors.attribution._evidence import REVISE_FOR_S, DeviceEvidence, strongest
 from otel_gpu.processors.attribution._observations import (ExceptionSeen, ExitSeen, GpuSample, Heartbeat, Identity,
-                                                           NicSample, SpanSeen, Stacks, StepSeen, XidSeen)
+                                                           NicSample, SpanSeen, Stacks, StateSeen, StepSeen, XidSeen)
 from otel_gpu.failure import Culprit, FailureRecord
 from otel_gpu.processors.attribution._state import JobState, OpenVerdict, RankState, merge_identity
 from otel_gpu.processors.attribution._types import Fault, Finding
@@ -103,7 +103,7 @@ class Engine:
         job, rank = self._rank(ex.who, now)
         if rank.exit is None:
             rank.exit = ex
-        if ex.code in (0, None) and ex.signal is None:
+        if ex.code in (0, None) and ex.signal is None and not ex.vanished:
             if job.world_size and sum(1 for r in job.ranks.values() if r.exited_clean()) >= job.world_size:
                 job.finished = True
             return
@@ -111,6 +111,11 @@ class Engine:
             rank.exception = rank.background_exception  # it raised in a thread, then the rank stopped
         job.crash_reports += 1
         self._open_incident(job, now)
+
+    def observe_state(self, st: StateSeen, now: float) -> None:
+        """A rank's launcher saw it frozen (state T or D) or running again. Not a sign of life: its heartbeats are."""
+        _, rank = self._rank(st.who, now)
+        rank.frozen = st if st.frozen else None
 
     def observe_step(self, step: StepSeen, now: float) -> None:
         job, rank = self._rank(step.who, now)

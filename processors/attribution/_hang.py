@@ -23,6 +23,14 @@ the waiters' devices, else ``unknown``.
 
 A rank silent while the others report is handled by :func:`decide_silent` (a crash: its process is gone, or its whole
 node is: ``node_lost``); when every rank is silent at once the collector lost telemetry (a restart): no verdict.
+
+A rank that its launcher saw frozen (``otel-gpu run`` reads the state of live ranks: T or D for 2 s) is a hang,
+``rank_frozen``, wherever the graph meets it (the end of a chain, one of everyone waiting in the same collective, a
+silent rank), with its state and kernel wait channel as evidence: stopped (state T: SIGSTOP, a debugger, a
+scheduler's suspend) is named so, not blamed on hardware; uninterruptible sleep inside the NVIDIA driver (its wait
+channel or kernel stack in the ``nvidia`` modules) is the GPU's: category hardware, ``exclude_node_and_restart``;
+uninterruptible sleep elsewhere (a dead file system) is investigated. An XID on the frozen rank's GPU in its window
+names the XID instead (``gpu_xid``, ``gpu_fell_off_bus``, ...).
 """
 from __future__ import annotations
 
@@ -36,7 +44,7 @@ from otel_gpu.schema.failure import Action, Category, Kind, RootCause
 if TYPE_CHECKING:
     from otel_gpu.processors.attribution._engine import Engine
 
-__all__ = ["decide_hang", "decide_silent", "hang_timeout", "stalled_for", "progress_marker"]
+__all__ = ["decide_hang", "decide_silent", "frozen_finding", "hang_timeout", "stalled_for", "progress_marker"]
 
 _LIBRARY_MARKERS = ("/site-packages/", "/dist-packages/", "/lib/python3", "<frozen ", "/otel_gpu/instrumentation/")
 _CHECKPOINT_MARKERS = ("/torch/serialization.py", "/torch/distributed/checkpoint/", "safetensors")
@@ -259,6 +267,8 @@ def _chain_end(engine: Engine, job: JobState, ends: list[int], roots: list[RankS
                            f"(uneven inputs: it ran out of data first?){tail}",
                            dict(details, reason="exited_early"))
         return None  # it crashed: the crash detector names it
+    if culprit.frozen is not None:
+        return frozen_finding(engine, job, culprit, roots, min(onset, culprit.frozen.time), ev, details)
     if culprit.last_seen < now - s.heartbeat_timeout_s / 2:
         return None  # it stopped reporting: gone or frozen, a crash or a lost node (decide_silent)
     starting = hb is not None and (not any(hb.last_started_seq.values()) or (
@@ -312,8 +322,15 @@ def _chain_end(engine: Engine, job: JobState, ends: list[int], roots: list[RankS
 
 def _all_waiting(engine: Engine, job: JobState, roots: list[RankState], onset: float, now: float, op, pg, seq,
                  base_ev: list[Evidence], waiting: list[dict]) -> Finding:
-    """Every rank is in the same collective and it does not complete: different calls, or a device or link."""
+    """Every rank is in the same collective and it does not complete: different calls, a rank frozen inside it (the
+    GPU driver), or a device or link."""
     details = {"op": op, "pg": pg, "seq": seq, "waiting": waiting}
+    frozen = sorted((r for r in roots if r.frozen is not None), key=lambda r: (r.frozen.frozen != "gpu_driver",
+                                                                               r.frozen.time, r.rank))
+    if frozen:
+        r = frozen[0]
+        return frozen_finding(engine, job, r, [x for x in roots if x is not r], min(onset, r.frozen.time),
+                              list(base_ev), details)
     by_sig: dict[tuple, list[int]] = {}
     for r in roots:
         i = _coll(r)
@@ -399,9 +416,51 @@ def decide_silent(engine: Engine, job: JobState, now: float) -> Finding | None:
                            f"node {host} went silent: its {len(on_host)} rank(s) and its own device metrics stopped "
                            f"together {now - r.last_seen:.0f} s ago, with no exit reported, while ranks wait for it",
                            {"signal": "node_silent", "ranks": sorted(x.rank for x in on_host)})
+    if r.frozen is not None:
+        details = {"waiting": [{"rank": w.rank, "host": w.who.host, "since": round(now - stalled_for(w, now), 3)}
+                               for w in sorted(waiting, key=lambda x: x.rank)[:64]]}
+        return frozen_finding(engine, job, r, waiting, min(r.last_seen, r.frozen.time), ev, details)
     finding = Finding(Kind.CRASH, RootCause.RANK_PROCESS_DIED, r.last_seen, 0.7, r.rank, host, None, ev,
                       f"rank {r.rank} stopped sending heartbeats {now - r.last_seen:.0f} s ago while its peers wait "
-                      f"for it: its process is gone or frozen", {"signal": "silent"}, explainable_by=[r.rank],
+                      f"for it: its process is gone", {"signal": "silent"}, explainable_by=[r.rank],
                       symptom_time=r.last_seen)
+    engine.explain(finding, job, throttle=False)
+    return finding
+
+
+_FROZEN_WORDS = {"stopped": "is stopped (state {state}: SIGSTOP, a debugger or a scheduler's suspend; SIGCONT resumes "
+                            "it)",
+                 "gpu_driver": "is stuck inside the NVIDIA driver (state {state}, uninterruptible: the GPU stopped "
+                               "answering; restarting on this node will not help)",
+                 "uninterruptible": "is stuck in the kernel (state {state}, uninterruptible sleep: a file system or "
+                                    "device that does not answer)"}
+
+
+def frozen_finding(engine: Engine, job: JobState, r: RankState, waiters: list[RankState], onset: float,
+                   ev: list[Evidence], details: dict) -> Finding:
+    """``rank_frozen``: ``r``'s process exists but does not run (its launcher saw it in state T or D), while
+    ``waiters`` wait for it. Stopped is nobody's hardware; uninterruptible sleep inside the GPU driver is."""
+    fz = r.frozen
+    ev = [Evidence("process.state", fz.state, fz.time)] + ([Evidence("process.wchan", fz.wchan)] if fz.wchan else []) \
+        + list(ev)
+    frame = next((line for line in fz.stack.splitlines() if "[nvidia" in line), None) if fz.stack else None
+    if frame:
+        ev.insert(2, Evidence("process.kernel_stack", frame))
+    words = _FROZEN_WORDS.get(fz.frozen or "", "does not run (state {state})").format(state=fz.state)
+    where = f" in {fz.wchan}" if fz.wchan else ""
+    summary = f"rank {r.rank} {words}{where}; {len(waiters)} rank(s) wait for it"
+    details = dict(details, reason=fz.frozen, state=fz.state, wchan=fz.wchan or None)
+    details.pop("stack_top", None)
+    if fz.frozen == "gpu_driver":
+        finding = Finding(Kind.HANG, RootCause.RANK_FROZEN, onset, 0.85, r.rank, r.who.host, None, ev, summary,
+                          details, category=Category.HARDWARE, action=Action.EXCLUDE_NODE_AND_RESTART,
+                          explainable_by=[r.rank])
+    elif fz.frozen == "stopped":
+        finding = Finding(Kind.HANG, RootCause.RANK_FROZEN, onset, 0.9, r.rank, r.who.host, None, ev, summary,
+                          details, category=Category.INFRASTRUCTURE, action=Action.INVESTIGATE)
+    else:
+        finding = Finding(Kind.HANG, RootCause.RANK_FROZEN, onset, 0.75, r.rank, r.who.host, None, ev, summary,
+                          details, category=Category.INFRASTRUCTURE, action=Action.INVESTIGATE,
+                          explainable_by=[r.rank])
     engine.explain(finding, job, throttle=False)
     return finding

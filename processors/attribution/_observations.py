@@ -4,8 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Identity", "Heartbeat", "Stacks", "ExceptionSeen", "ExitSeen", "StepSeen", "SpanSeen", "GpuSample",
-           "XidSeen", "NicSample"]
+__all__ = ["Identity", "Heartbeat", "Stacks", "ExceptionSeen", "ExitSeen", "StateSeen", "StepSeen", "SpanSeen",
+           "GpuSample", "XidSeen", "NicSample"]
 
 
 @dataclass(frozen=True)
@@ -72,9 +72,27 @@ class ExceptionSeen:
 @dataclass
 class ExitSeen:
     who: Identity
-    time: float
+    time: float  # when the process ended (the launcher stamps the record so), not when its status was read
     code: int | None
     signal: str | None
+    how: str | None = None  # exited | exception | killed | vanished (gone with no status: a death, never clean)
+
+    @property
+    def vanished(self) -> bool:
+        return self.how == "vanished" and self.signal is None and self.code in (None, 0)
+
+
+@dataclass
+class StateSeen:
+    """``otel-gpu run`` saw a live rank frozen (its main thread in state T or D), or running again (``frozen``
+    None)."""
+
+    who: Identity
+    time: float  # since when it is frozen (or when it ran again)
+    state: str  # R S D T t
+    frozen: str | None  # stopped | gpu_driver | uninterruptible | None (runs again)
+    wchan: str = ""
+    stack: str = ""  # kernel stack, innermost first (only when the launcher runs as root)
 
 
 @dataclass

@@ -5,7 +5,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from otel_gpu.processors.attribution._observations import (ExceptionSeen, ExitSeen, Heartbeat, Identity, Stacks,
-                                                           StepSeen)
+                                                           StateSeen, StepSeen)
 from otel_gpu.failure import FailureRecord
 from otel_gpu.processors.attribution._types import Finding
 from otel_gpu.schema.failure import RootCause
@@ -22,6 +22,7 @@ class RankState:
     exception: ExceptionSeen | None = None  # raised in the main thread (or a thread whose rank then stopped)
     background_exception: ExceptionSeen | None = None  # raised in another thread: a crash only if the rank stops
     exit: ExitSeen | None = None
+    frozen: StateSeen | None = None  # its process exists but does not run (state T or D), as its launcher saw
     # StepSeen. Only the newest is read (close_steps); a short deque keeps per-rank memory small at aggregator
     # scale (64 per rank held ~100 MB for a 4k-rank job; benchmarks/aggregator_scale.py).
     steps: deque = field(default_factory=lambda: deque(maxlen=2))
@@ -34,13 +35,13 @@ class RankState:
         self.rank = self.who.rank
 
     def failed(self) -> bool:
-        """Raised in its main thread, or ended with a non-zero code or a signal."""
+        """Raised in its main thread, or ended with a non-zero code, a signal, or vanished (no status at all)."""
         return self.exception is not None or (self.exit is not None and (
-            self.exit.code not in (0, None) or self.exit.signal is not None))
+            self.exit.code not in (0, None) or self.exit.signal is not None or self.exit.vanished))
 
     def exited_clean(self) -> bool:
         return self.exit is not None and self.exit.code in (0, None) and self.exit.signal is None \
-            and self.exception is None
+            and self.exception is None and not self.exit.vanished
 
 
 @dataclass

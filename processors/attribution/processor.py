@@ -24,7 +24,8 @@ from otel_gpu.otlp_build import LogsBuilder, MetricsBuilder, SpansBuilder, attri
 from otel_gpu.pdata import Batch, Signal, attributes_dict, body_object, number_points, point_value
 from otel_gpu.processors.attribution._engine import Engine
 from otel_gpu.processors.attribution._observations import (ExceptionSeen, ExitSeen, GpuSample, Heartbeat, Identity,
-                                                           Inflight, NicSample, SpanSeen, Stacks, StepSeen, XidSeen)
+                                                           Inflight, NicSample, SpanSeen, Stacks, StateSeen, StepSeen,
+                                                           XidSeen)
 from otel_gpu.failure import FailureRecord
 from otel_gpu.schema import failure as F
 from otel_gpu.schema import gpu as G
@@ -40,7 +41,7 @@ _SCOPE = "otel_gpu.processors.attribution"
 _SPAN_KINDS = {T.DATA_SPAN.name: "data", T.CKPT_SAVE_SPAN.name: "checkpoint_save",
                T.CKPT_LOAD_SPAN.name: "checkpoint_load"}
 _TRAINING_EVENTS = {T.PROGRESS_EVENT.name, T.STACKS_EVENT.name, T.EXCEPTION_EVENT.name, T.EXIT_EVENT.name,
-                    T.SIGNAL_EVENT.name}
+                    T.SIGNAL_EVENT.name, T.STATE_EVENT.name}
 _GPU_COUNTERS = {G.REMAP_FAILURE.name: "row_remap_failure", G.PCIE_REPLAY.name: "pcie_replay",
                  G.NVLINK_ERRORS.name: "nvlink_errors", G.XID_ERRORS.name: "xid"}
 _NIC_ERRORS = {N.IB_ERRORS.name, N.ETH_ERRORS.name}
@@ -288,7 +289,15 @@ class AttributionProcessor(Processor):
                 thread=None if attrs.get(str(T.THREAD_NAME)) is None else str(attrs.get(str(T.THREAD_NAME)))), now)
         elif name == T.EXIT_EVENT.name:
             signal_name = attrs.get(str(T.EXIT_SIGNAL))
-            self.engine.observe_exit(ExitSeen(who, t, _int(attrs.get(str(T.EXIT_CODE))), signal_name or None), now)
+            how = attrs.get(str(T.EXIT_HOW)) or body.get("how")
+            self.engine.observe_exit(ExitSeen(who, t, _int(attrs.get(str(T.EXIT_CODE))), signal_name or None,
+                                              None if how is None else str(how)), now)
+        elif name == T.STATE_EVENT.name:
+            frozen = attrs.get(str(T.PROCESS_FROZEN))
+            self.engine.observe_state(StateSeen(who, t, str(attrs.get(str(T.PROCESS_STATE), "?")),
+                                                None if not frozen else str(frozen),
+                                                str(attrs.get(str(T.PROCESS_WCHAN)) or ""),
+                                                str(body.get("stack") or "")[:2000]), now)
 
     def _xid(self, record, res: dict[str, Any]) -> None:
         attrs = attributes_dict(record.attributes)

@@ -1,4 +1,5 @@
-"""Runs one scenario: collector in this process, the training job as ``otel-gpu run -- torchrun ...``, the hardware
+"""Runs one scenario: collector in this process, the training job as ``otel-gpu run -- torchrun ...`` (or with the
+ranks started by ``torch.multiprocessing.spawn`` or by Lightning's own launcher: ``Scenario.launcher``), the hardware
 part of the fault injected into the fake NVML / fake sysfs before, with or after the faulty rank's symptom, on fake
 hardware that can start dirty (ports down since boot, a power cap already on, background error counts, an old XID).
 
@@ -66,6 +67,10 @@ class Scenario:
     tolerated: tuple[Expect, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
     ci: bool = False  # part of the seeded CI subset
+    #: who starts the ranks: torchrun (its agent reaps them), spawn (torch.multiprocessing.spawn's parent), lightning
+    #: (Lightning's subprocess launcher: rank 0 starts ranks 1.. and SIGKILLs the survivors once one died)
+    launcher: str = "torchrun"
+    draw_from: tuple[int, ...] = ()  # the ranks the culprit is drawn from (default: every rank)
 
     @property
     def expected(self) -> tuple[Expect, ...]:
@@ -118,6 +123,29 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              agent_restart_s=12.0),
     Scenario("thread_exception", "thread_exception", None, None,
              "a background thread of rank k raises; training goes on to the end (a healthy run)"),
+    # -- issue 22: launchers that start ranks themselves; ranks that stop without dying ----------------------------
+    Scenario("frozen", "sigstop", "hang", "rank_frozen", "rank k stops itself with SIGSTOP (alive, state T, frozen)",
+             ci=True),
+    *(s for launcher in ("lightning", "spawn") for s in (
+        Scenario(f"{launcher}_healthy", "none", None, None, f"a healthy run under {launcher}'s launcher",
+                 launcher=launcher),
+        Scenario(f"{launcher}_exception", "exception", "crash", "python_exception",
+                 f"rank k raises ValueError ({launcher}'s launcher)", launcher=launcher),
+        Scenario(f"{launcher}_sigkill", "sigkill", "crash", "rank_process_died",
+                 f"rank k (not 0) is killed with SIGKILL ({launcher}'s launcher"
+                 + (": rank 0 then SIGKILLs the survivors and itself)" if launcher == "lightning" else ")"),
+                 launcher=launcher, draw_from=(1, 2, 3), ci=True),
+        Scenario(f"{launcher}_sigkill_rank0", "sigkill", "crash", "rank_process_died",
+                 f"rank 0 is killed with SIGKILL ({launcher}'s launcher"
+                 + (": its children, orphaned, fail next)" if launcher == "lightning" else ")"),
+                 launcher=launcher, fixed_rank=0),
+        Scenario(f"{launcher}_hang", "sleep_before_collective", "hang", "rank_not_in_collective",
+                 f"rank k sleeps before a collective ({launcher}'s launcher)", launcher=launcher),
+        Scenario(f"{launcher}_straggler", "straggler", "slowdown", "straggler_compute",
+                 f"rank k computes 0.2 s longer per step ({launcher}'s launcher)", launcher=launcher),
+        Scenario(f"{launcher}_frozen", "sigstop", "hang", "rank_frozen",
+                 f"rank k stops itself with SIGSTOP ({launcher}'s launcher)", launcher=launcher),
+    )),
 )}
 
 
@@ -170,7 +198,7 @@ def draw_cases(rng: random.Random, runs: int, names: list[str] | None = None, *,
     cases = []
     for name in order:
         s = SCENARIOS[name]
-        rank = s.fixed_rank if s.fixed_rank is not None else rng.randrange(WORLD)
+        rank = s.fixed_rank if s.fixed_rank is not None else rng.choice(s.draw_from or range(WORLD))
         second = rng.choice([r for r in range(WORLD) if r != rank]) if any(e.who == "k2" for e in s.also) else None
         lag = rng.choice([-1.5, -0.5, 0.0, 0.5, 1.5, 3.0, 5.0]) if s.hardware else -1.5
         cases.append(Case(s, rank, second, Dirt.draw(rng), lag))
@@ -440,12 +468,16 @@ def run_scenario(scenario: Scenario, culprit_rank: int = 1, *, workdir: Path | N
                OTEL_GPU_STACK_AFTER_S=str(max(2.0, hang_timeout_s / 2)),
                PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     env.update(dict(scenario.env))
+    env.update(OTEL_GPU_LAUNCHER=scenario.launcher, OTEL_GPU_WORLD=str(WORLD))
     cmd = [sys.executable, "-m", "otel_gpu", "run", "--endpoint", f"http://127.0.0.1:{grpc_port}", "--",
-           sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={WORLD}",
-           "--max-restarts=0", "--monitor-interval=0.2", "-m", "otel_gpu.testing.scenarios.train"]
+           sys.executable]
+    if scenario.launcher == "torchrun":
+        cmd += ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={WORLD}", "--max-restarts=0",
+                "--monitor-interval=0.2"]
+    cmd += ["-m", "otel_gpu.testing.scenarios.train"]
     start = time.time()
     who = f"k={culprit_rank}" + (f", k2={second_rank}" if second_rank is not None else "")
-    say(f"[{scenario.name}] starting a {WORLD}-rank gloo job; fault: {scenario.description} ({who}); "
+    say(f"[{scenario.name}] starting a {WORLD}-rank gloo job ({scenario.launcher}); fault: {scenario.description} ({who}); "
         f"hardware {dirt}" + (f"; evidence {evidence_lag_s:+.1f} s from the symptom" if scenario.hardware else ""))
     log_path = workdir / "job.log"
     with open(log_path, "wb") as log:
@@ -551,8 +583,9 @@ def _kill_leftover_ranks(pids: Iterable[int]) -> None:
     for pid in pids:
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                if b"otel_gpu.testing.scenarios.train" not in fh.read():
-                    continue  # ended, and the pid is someone else's now
+                cmdline = fh.read()
+            if b"otel_gpu.testing.scenarios.train" not in cmdline and b"multiprocessing" not in cmdline:
+                continue  # ended, and the pid is someone else's now
             os.kill(pid, signal.SIGKILL)
         except (OSError, ValueError):
             continue

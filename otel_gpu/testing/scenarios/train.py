@@ -11,7 +11,12 @@ scenario:
   k sleeps before its subgroup all_reduce), uneven_inputs (rank k runs out of data and exits 0), long_checkpoint
   (rank k's first checkpoint takes ``OTEL_GPU_CKPT_STALL_S``, default 40 s), agent_restart (nothing goes wrong in
   the job; the runner restarts the collector when rank k says so), thread_exception (a background thread of rank k
-  raises; training goes on)
+  raises; training goes on), sigstop (rank k stops itself with SIGSTOP: frozen, alive, not running)
+- ``OTEL_GPU_LAUNCHER``: who starts the ranks. ``torchrun`` (default: run under torchrun); ``spawn``: this script
+  is the parent and starts ``OTEL_GPU_WORLD`` (default 4) ranks with ``torch.multiprocessing.spawn``; ``lightning``:
+  Lightning's own launcher (``lightning.fabric.Fabric(strategy="ddp").launch()``): this process becomes rank 0 and
+  starts ranks 1.. as subprocesses of itself, and its child-process observer SIGKILLs every survivor (itself
+  included) once it sees a child die
 - ``OTEL_GPU_FAULT_RANK`` (default 1), ``OTEL_GPU_FAULT_RANK2`` (the second rank, -1: none) and
   ``OTEL_GPU_FAULT_STEP`` (default 25; a checkpoint is saved every 10 steps)
 - ``OTEL_GPU_STEPS`` (default 60), ``OTEL_GPU_STEP_SLEEP_S`` (default 0.05: steady, cheap "compute"),
@@ -44,6 +49,8 @@ STEPS = int(os.environ.get("OTEL_GPU_STEPS", "60"))
 STEP_SLEEP_S = float(os.environ.get("OTEL_GPU_STEP_SLEEP_S", "0.05"))
 HIDDEN = int(os.environ.get("OTEL_GPU_HIDDEN", "256"))  # model width: gradient bytes per step (network load)
 SCENARIO_DIR = os.environ.get("OTEL_GPU_SCENARIO_DIR")
+LAUNCHER = os.environ.get("OTEL_GPU_LAUNCHER", "torchrun")
+WORLD = int(os.environ.get("OTEL_GPU_WORLD", "4"))
 
 
 class Batches(Dataset):
@@ -130,6 +137,9 @@ def inject(rank: int, step: int, model, world: int) -> None:
     if FAULT == "sigkill":
         begin_fault()
         os.kill(os.getpid(), signal.SIGKILL)
+    if FAULT == "sigstop":
+        begin_fault()
+        os.kill(os.getpid(), signal.SIGSTOP)  # frozen until someone sends SIGCONT (or SIGKILL)
     if FAULT == "os_exit":
         begin_fault()
         os._exit(3)
@@ -153,8 +163,37 @@ def inject(rank: int, step: int, model, world: int) -> None:
         lock.acquire()  # never returns: the same thread takes a non-reentrant lock twice
 
 
+def _start() -> None:
+    """Joins the process group the way the chosen launcher does."""
+    if LAUNCHER == "lightning":
+        from lightning.fabric import Fabric
+
+        # Lightning's subprocess launcher: this process is rank 0, ranks 1.. are its children (same command line).
+        Fabric(accelerator="cpu", devices=WORLD, strategy="ddp", num_nodes=1).launch()
+    else:
+        dist.init_process_group("gloo")
+
+
+def _spawned(local_rank: int, world: int, port: int) -> None:
+    """One rank started by ``torch.multiprocessing.spawn`` (the parent gives no RANK: the process group does)."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(local_rank),
+                      LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world))
+    main()
+
+
+def _spawn_all() -> None:
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    mp.spawn(_spawned, args=(WORLD, port), nprocs=WORLD, join=True)
+
+
 def main() -> None:
-    dist.init_process_group("gloo")
+    _start()
     rank, world = dist.get_rank(), dist.get_world_size()
     if SCENARIO_DIR:
         Path(SCENARIO_DIR, f"pid-{rank}").write_text(f"{os.getpid()}\n")
@@ -204,4 +243,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if LAUNCHER == "spawn":
+        _spawn_all()
+    else:
+        main()
