@@ -22,6 +22,7 @@ from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 from otel_gpu.component import DEVICE_HEALTH, FAILURE_HISTORY, Processor
 from otel_gpu.otlp_build import LogsBuilder, MetricsBuilder, SpansBuilder, attributes, merge
 from otel_gpu.pdata import Batch, Signal, attributes_dict, body_object, number_points, point_value
+from otel_gpu.processors.attribution import _digest
 from otel_gpu.processors.attribution._engine import Engine
 from otel_gpu.processors.attribution._observations import (ExceptionSeen, ExitSeen, GpuSample, Heartbeat, Identity,
                                                            Inflight, NicSample, SpanSeen, Stacks, StepSeen, XidSeen)
@@ -41,6 +42,7 @@ _SPAN_KINDS = {T.DATA_SPAN.name: "data", T.CKPT_SAVE_SPAN.name: "checkpoint_save
                T.CKPT_LOAD_SPAN.name: "checkpoint_load"}
 _TRAINING_EVENTS = {T.PROGRESS_EVENT.name, T.STACKS_EVENT.name, T.EXCEPTION_EVENT.name, T.EXIT_EVENT.name,
                     T.SIGNAL_EVENT.name}
+_DIGEST = T.NODE_DIGEST_EVENT.name
 _GPU_COUNTERS = {G.REMAP_FAILURE.name: "row_remap_failure", G.PCIE_REPLAY.name: "pcie_replay",
                  G.NVLINK_ERRORS.name: "nvlink_errors", G.XID_ERRORS.name: "xid"}
 _NIC_ERRORS = {N.IB_ERRORS.name, N.ETH_ERRORS.name}
@@ -238,6 +240,16 @@ class AttributionProcessor(Processor):
                     if name == G.XID_EVENT.name:
                         view = view if view is not None else self._view(rl.resource)
                         self._xid(record, view.attrs)
+                    elif name == _DIGEST:
+                        view = view if view is not None else self._view(rl.resource)
+                        try:
+                            body = body_object(record)
+                            if isinstance(body, dict):
+                                _digest.observe_digest(self.engine, view.attrs, body, now, _identity)
+                        except (TypeError, ValueError, AttributeError, OverflowError, RecursionError, KeyError,
+                                IndexError) as exc:
+                            self.host.log_once(("malformed", name), logging.WARNING, "attribution: a malformed %s "
+                                               "event was skipped (%s; logged once)", name, exc)
                     elif name in _TRAINING_EVENTS:
                         view = view if view is not None else self._view(rl.resource)
                         try:
