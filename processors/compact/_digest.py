@@ -64,7 +64,7 @@ class _Job:
     def __init__(self) -> None:
         self.ranks: dict[int, _Rank] = {}
         self.gone: list[int] = []  # ranks that exited since the last digest
-        self.last_refresh = -1e18
+        self.last_refresh: float | None = None  # when every identity last went out (new ones go at once)
 
 
 def _int(v: Any) -> int | None:
@@ -208,6 +208,8 @@ class NodeDigests:
         return out
 
     def _body(self, job: _Job, now: float) -> dict[str, Any]:
+        if job.last_refresh is None:
+            job.last_refresh = now
         refresh = now - job.last_refresh >= self.refresh_s
         if refresh:
             job.last_refresh = now
