@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 
 from otel_gpu.schema._model import MetricType, attr, enumeration, event, metric, span
-from otel_gpu.schema.identity import JOB_ID, RANK
+from otel_gpu.schema.identity import HOST_NAME, JOB_ID, RANK
 
 _G = "Training"
 
@@ -92,6 +92,16 @@ PROGRESS_EVENT = event("otel_gpu.progress", "Heartbeat from a rank's watchdog th
 STACKS_EVENT = event("otel_gpu.stacks", "Python stacks of all threads, captured when an operation is stuck past "
                      "the threshold.", group=_G, attributes=(STEP, COLL_OP, COLL_SEQ, INFLIGHT_FOR),
                      body="{threads: [{name, id, main, frames: [{file, line, function}]}], top: 'file:line func'}")
+NODE_DIGEST_EVENT = event("otel_gpu.node.digest", "A node sidecar's summary of its ranks of one job, one per node per "
+                          "interval (compact processor, digests on): what the aggregator needs instead of every "
+                          "rank's heartbeats and step spans.", group=_G, attributes=(JOB_ID, HOST_NAME),
+                          body="{v, host, time, interval_s, ranks: [rank], who: {rank: {local_rank, pid, gpu, "
+                               "gpu_uuid, world_size, restart_count, net_ifaces, started}}, groups: [{ranks, fresh, "
+                               "step, state, inflight, last_seq, last_started_seq, stack_top, stalled_s, "
+                               "steps_done}], pg: {pg: {completed: [min, max], started: [min, max], inflight: [min, "
+                               "max] | null, behind: [rank]}}, steps: [[rank, step, start, end, collective_s, data_s, "
+                               "checkpoint_s]], step_s: [min, median, max] | null, stalled: {rank, s} | null, "
+                               "changed: [rank], gone: [rank]}")
 EXCEPTION_EVENT = event("otel_gpu.exception", "An uncaught exception in a training process (main or other thread).",
                         group=_G, attributes=(EXC_TYPE, EXC_MESSAGE, EXC_STACK, EXC_HINT, THREAD_NAME, STEP))
 SIGNAL_EVENT = event("otel_gpu.signal", "A training process received SIGTERM/SIGINT (and was flushed).", group=_G,

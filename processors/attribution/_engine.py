@@ -23,7 +23,7 @@ import dataclasses
 import hashlib
 import logging
 
-from otel_gpu.processors.attribution import _crash, _hang, _slowdown
+from otel_gpu.processors.attribution import _crash, _digest, _hang, _slowdown
 from otel_gpu.processors.attribution._evidence import REVISE_FOR_S, DeviceEvidence, strongest
 from otel_gpu.processors.attribution._observations import (ExceptionSeen, ExitSeen, GpuSample, Heartbeat, Identity,
                                                            NicSample, SpanSeen, Stacks, StateSeen, StepSeen, XidSeen)
@@ -364,6 +364,8 @@ class Engine:
                     # (the heartbeat timeout), so that a lost node is named (node_lost) rather than "unknown".
                     job.incident_deadline = now + self.settings.crash_settle_s
                     continue
+            elif job.digest is not None and _digest.quiet(self, job, now):
+                continue  # the node digests show nobody stalled or silent: no walk over every rank (_digest)
             else:
                 finding = _hang.decide_hang(self, job, now) or _hang.decide_silent(self, job, now)
             if finding is not None:

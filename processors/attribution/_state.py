@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 from otel_gpu.processors.attribution._observations import (ExceptionSeen, ExitSeen, Heartbeat, Identity, Stacks,
                                                            StateSeen, StepSeen)
@@ -83,6 +84,8 @@ class JobState:
     slow_steps: list = field(default_factory=list)  # steps of the current slowdown episode
     slowdown_active: RootCause | None = None
     last_step_closed: int = -1
+    #: node digests of this job (``_digest.DigestJob``), when its sidecars send them; None: per-rank records only
+    digest: Any = None
 
     def new_incarnation(self, restart_count: int, now: float) -> None:
         """A restart: re-arm crash/hang detection, keep the slowdown baseline and the failure numbering."""

@@ -40,7 +40,7 @@ class AttributionConfig:
     #: ranks per job are tracked (the oldest job is evicted first; ranks past the bound are ignored).
     job_idle_evict_s: float = 3600.0
     max_jobs: int = 1000
-    max_ranks_per_job: int = 65536
+    max_ranks_per_job: int = 262144  # a 131,072-rank job (issue 20) fits, twice over
 
     def validate(self) -> None:
         for key in ("hang_timeout_s", "heartbeat_timeout_s", "tick_interval_s", "checkpoint_stall_s",

@@ -22,7 +22,9 @@ from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 from otel_gpu.component import DEVICE_HEALTH, FAILURE_HISTORY, Processor
 from otel_gpu.otlp_build import LogsBuilder, MetricsBuilder, SpansBuilder, attributes, merge
 from otel_gpu.pdata import Batch, Signal, attributes_dict, body_object, number_points, point_value
+from otel_gpu.processors.attribution import _digest
 from otel_gpu.processors.attribution._engine import Engine
+from otel_gpu.processors.attribution._metric_memo import MetricMemo
 from otel_gpu.processors.attribution._observations import (ExceptionSeen, ExitSeen, GpuSample, Heartbeat, Identity,
                                                            Inflight, NicSample, SpanSeen, Stacks, StateSeen, StepSeen,
                                                            XidSeen)
@@ -42,6 +44,7 @@ _SPAN_KINDS = {T.DATA_SPAN.name: "data", T.CKPT_SAVE_SPAN.name: "checkpoint_save
                T.CKPT_LOAD_SPAN.name: "checkpoint_load"}
 _TRAINING_EVENTS = {T.PROGRESS_EVENT.name, T.STACKS_EVENT.name, T.EXCEPTION_EVENT.name, T.EXIT_EVENT.name,
                     T.SIGNAL_EVENT.name, T.STATE_EVENT.name}
+_DIGEST = T.NODE_DIGEST_EVENT.name
 _GPU_COUNTERS = {G.REMAP_FAILURE.name: "row_remap_failure", G.PCIE_REPLAY.name: "pcie_replay",
                  G.NVLINK_ERRORS.name: "nvlink_errors", G.XID_ERRORS.name: "xid"}
 _NIC_ERRORS = {N.IB_ERRORS.name, N.ETH_ERRORS.name}
@@ -150,6 +153,7 @@ class AttributionProcessor(Processor):
         self._tagging: dict[str, FailureRecord] = {}  # job -> the hang or slowdown its spans are tagged with
         self._clock = time.time
         self._views: dict[bytes, _ResourceView] = {}
+        self._metric_memo = MetricMemo()
         self._started_ns = time.time_ns()  # the start of the failures counter (a cumulative sum)
 
     # -- lifecycle -----------------------------------------------------------------------------------------------------
@@ -239,6 +243,16 @@ class AttributionProcessor(Processor):
                     if name == G.XID_EVENT.name:
                         view = view if view is not None else self._view(rl.resource)
                         self._xid(record, view.attrs)
+                    elif name == _DIGEST:
+                        view = view if view is not None else self._view(rl.resource)
+                        try:
+                            body = body_object(record)
+                            if isinstance(body, dict):
+                                _digest.observe_digest(self.engine, view.attrs, body, now, _identity)
+                        except (TypeError, ValueError, AttributeError, OverflowError, RecursionError, KeyError,
+                                IndexError) as exc:
+                            self.host.log_once(("malformed", name), logging.WARNING, "attribution: a malformed %s "
+                                               "event was skipped (%s; logged once)", name, exc)
                     elif name in _TRAINING_EVENTS:
                         view = view if view is not None else self._view(rl.resource)
                         try:
@@ -314,19 +328,40 @@ class AttributionProcessor(Processor):
         return str(res.get(str(I.HOST_NAME)) or self.config.default_host or os.uname().nodename)
 
     def _metrics(self, request: ExportMetricsServiceRequest, now: float) -> None:
+        memo = self._metric_memo
         for rm in request.resource_metrics:
             host = None
             gpus: dict[str, GpuSample] = {}
             ports: dict[str, NicSample] = {}
+            res_key = rm.resource.SerializeToString()
+            seen_at = None  # an unchanged metric's time: its node's devices were seen then (_metric_memo)
             for sm in rm.scope_metrics:
                 for m in sm.metrics:
                     name = m.name
-                    if name.startswith("gpu.") or name in (G.ECC_ERRORS.name,):
-                        host = host or self._host(self._view(rm.resource).attrs)
+                    gpu = name.startswith("gpu.") or name in (G.ECC_ERRORS.name,)
+                    nic = name in _NIC_ERRORS or name in _NIC_UP  # hw.errors is both the GPUs' and the NICs'
+                    if not (gpu or nic):
+                        continue
+                    host = host or self._host(self._view(rm.resource).attrs)
+                    same = memo.unchanged(res_key, m)
+                    if same is not None:
+                        seen_at = max(seen_at or 0.0, same or self._clock())
+                        continue
+                    if gpu:
                         self._gpu_metric(host, m, gpus)
-                    if name in _NIC_ERRORS or name in _NIC_UP:  # hw.errors is both the GPUs' and the NICs' (hw.type)
-                        host = host or self._host(self._view(rm.resource).attrs)
+                    if nic:
                         self._nic_metric(host, m, ports)
+            if host is None:
+                continue
+            memo.learn(res_key, gpus, ports)
+            if seen_at is not None:
+                known_gpus, known_ports = memo.devices(res_key)
+                for key in known_gpus:
+                    if key not in gpus:
+                        gpus[key] = GpuSample(host, key, seen_at)
+                for key in known_ports:
+                    if key not in ports:
+                        ports[key] = NicSample(host, key, seen_at)
             for sample in gpus.values():
                 self.engine.observe_gpu(sample)
             for sample in ports.values():

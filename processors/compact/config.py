@@ -52,6 +52,12 @@ class CompactConfig:
             ``batch_max_items`` is reached): every rank of a node exports on its own, and each request costs the
             aggregator's gRPC server about 0.3 ms whatever its size (docs/scale.md). 0: pass each batch on at once.
         batch_max_items: spans, log records or metrics that make a merged request go at once.
+        digests: instead of every rank's heartbeats and step spans, one ``otel_gpu.node.digest`` record per job per
+            ``batch_interval_s`` (``processors/compact/_digest.py``); a rank's exceptions, signals, exits,
+            checkpoint spans and (unless it waits in a collective) stacks still go on their own. Off by default:
+            the aggregator then gets the step spans of every rank, which some backends behind it want.
+        digest_refresh_s: every rank's identity is in a digest at least this often (an aggregator that restarted
+            learns the ranks again); new ranks' at once.
     """
 
     job_id: str | None = None  # None or "": learn it (``${env:OTEL_GPU_JOB_ID:-}`` expands to null)
@@ -63,6 +69,8 @@ class CompactConfig:
     identity_only_metrics: list[str] = field(default_factory=lambda: [G.PROCESS_MEMORY.name])
     batch_interval_s: float = 1.0
     batch_max_items: int = 2000
+    digests: bool = False
+    digest_refresh_s: float = 30.0
 
     def validate(self) -> None:
         if not self.job_idle_s > 0:
@@ -71,6 +79,10 @@ class CompactConfig:
             raise ValueError(f"batch_interval_s must be within 0..10 (got {self.batch_interval_s})")
         if self.batch_max_items < 1:
             raise ValueError(f"batch_max_items must be >= 1 (got {self.batch_max_items})")
+        if self.digests and self.batch_interval_s <= 0:
+            raise ValueError("digests need batch_interval_s > 0: a digest goes out every batch_interval_s (got 0)")
+        if self.digest_refresh_s <= 0:
+            raise ValueError(f"digest_refresh_s must be > 0 (got {self.digest_refresh_s})")
         if self.metrics_refresh_s < 0:
             raise ValueError(f"metrics_refresh_s must be >= 0 (got {self.metrics_refresh_s})")
         for key in ("events", "spans", "metrics"):

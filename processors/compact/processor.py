@@ -15,6 +15,7 @@ then share requests to the aggregator, whose per-request cost dominates at scale
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from typing import Any
@@ -22,8 +23,11 @@ from typing import Any
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 
 from otel_gpu.component import Processor
-from otel_gpu.pdata import Batch, Signal, attribute, data_points
+from otel_gpu.otlp_build import LogsBuilder
+from otel_gpu.pdata import Batch, Signal, attribute, attributes_dict, body_object, data_points
+from otel_gpu.processors.compact._digest import NodeDigests
 from otel_gpu.schema import identity as I
+from otel_gpu.schema import training as T
 
 __all__ = ["CompactProcessor"]
 
@@ -34,6 +38,8 @@ _MAX_SERIES = 20_000  # metric series remembered for change detection (a node ha
 # signal -> (resource list, scope list, item list, the item's name field)
 _SHAPE = {signal: (*signal.fields, "event_name" if signal is Signal.LOGS else "name") for signal in Signal}
 _ABSENT = object()
+_RANK = str(I.RANK)
+_DIGEST_SCOPE = "otel_gpu.processors.compact"
 
 
 def _job_of(attributes) -> str | None:
@@ -65,6 +71,11 @@ class CompactProcessor(Processor):
         self._thread: threading.Thread | None = None
         self.stats: dict[str, dict[str, int]] = {
             s.value: {"kept": 0, "filtered": 0, "unchanged": 0, "unassigned": 0} for s in Signal}
+        self._wall = time.time
+        #: node digests (config.digests): heartbeats and step spans of this node's ranks, summarised per interval
+        self.digests: NodeDigests | None = NodeDigests(
+            os.uname().nodename, self._wall, config.digest_refresh_s, config.batch_interval_s) \
+            if config.digests else None
 
     # -- batching ---------------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -87,10 +98,70 @@ class CompactProcessor(Processor):
 
     def flush(self) -> None:
         """Passes on every merged request that is waiting."""
+        digest = self._digest_request()
         with self._lock:
             pending, self._pending = self._pending, {}
+        if digest is not None:
+            merged, _ = pending.get(Signal.LOGS, (None, 0))
+            if merged is None:
+                pending[Signal.LOGS] = (digest, 1)
+            else:
+                merged.MergeFrom(digest)
         for signal, (request, _) in pending.items():
             self.host.emit(Batch.from_message(signal, request))
+
+    def _digest_request(self):
+        """One ``otel_gpu.node.digest`` record per job with ranks on this node (None: digests off or no ranks)."""
+        if self.digests is None:
+            return None
+        now = self._wall()
+        with self._lock:
+            bodies = self.digests.bodies(now)
+        if not bodies:
+            return None
+        out = None
+        for job, body in bodies:
+            lb = LogsBuilder({_JOB: job, str(I.HOST_NAME): body["host"], str(I.SERVICE_NAME): "otel-gpu-sidecar"},
+                             scope=_DIGEST_SCOPE)
+            lb.event(T.NODE_DIGEST_EVENT, body, time_ns=int(now * 1e9))
+            if out is None:
+                out = lb.build()
+            else:
+                out.MergeFrom(lb.build())
+        return out
+
+    def _absorb(self, signal: Signal, res_attrs: dict[str, Any], item) -> bool:
+        """Digests on: True when ``item`` (a rank's record) is folded into its node digest instead of forwarded."""
+        digests = self.digests
+        if digests is None:
+            return False
+        if signal is Signal.TRACES:
+            name = item.name
+            if name == T.STEP_SPAN.name:
+                attrs = attributes_dict(item.attributes)
+                step = attrs.get(str(T.STEP))
+                if not isinstance(step, int) or isinstance(step, bool):
+                    return False
+                start, end = item.start_time_unix_nano / 1e9, item.end_time_unix_nano / 1e9
+                with self._lock:
+                    return digests.step(res_attrs, step, start, end, _float(attrs.get(str(T.STEP_COLLECTIVE_S))),
+                                        _float(attrs.get(str(T.STEP_DATA_S))),
+                                        _float(attrs.get(str(T.STEP_CHECKPOINT_S))))
+            return name == T.DATA_SPAN.name and res_attrs.get(_RANK) is not None  # read by nothing downstream
+        name = item.event_name
+        if name == T.PROGRESS_EVENT.name or name == T.STACKS_EVENT.name:
+            body = body_object(item)
+            if not isinstance(body, dict):
+                return False
+            with self._lock:
+                if name == T.STACKS_EVENT.name:
+                    return digests.stacks_held(res_attrs, body)
+                t = (item.time_unix_nano or item.observed_time_unix_nano) / 1e9 or self._wall()
+                return digests.heartbeat(res_attrs, body, t)
+        if name == T.EXIT_EVENT.name:
+            with self._lock:
+                digests.exited(res_attrs, attributes_dict(item.attributes))
+        return False
 
     def _enqueue(self, batch: Batch, items: int) -> Batch | None:
         """Adds a kept batch to its signal's merged request; returns the merged request once it is full."""
@@ -147,9 +218,13 @@ class CompactProcessor(Processor):
                 res_dedupe = bool(node_jobs)
             else:
                 res_dedupe = dedupe
+            res_attrs = attributes_dict(res.resource.attributes) \
+                if self.digests is not None and signal is not Signal.METRICS else None
             for scope in getattr(res, scope_field):
                 items = getattr(scope, item_field)
                 kept = [item for item in items if getattr(item, name_field) in keep]
+                if res_attrs is not None:
+                    kept = [item for item in kept if not self._absorb(signal, res_attrs, item)]
                 if len(kept) != len(items):
                     changed = True
                     stats["filtered"] += len(items) - len(kept)
@@ -245,3 +320,7 @@ class CompactProcessor(Processor):
                 if job is not None and job not in found:
                     found.append(job)
         return found[:1]
+
+
+def _float(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None

@@ -30,6 +30,7 @@ _logger = logging.getLogger(__name__)
 _CKPT = {T.CKPT_SAVE_SPAN.name: "save", T.CKPT_LOAD_SPAN.name: "load"}
 _SCOPE = "otel_gpu.processors.goodput"
 _JOB, _RESTARTS = str(I.JOB_ID), str(I.RESTART_COUNT)
+_DIGEST = T.NODE_DIGEST_EVENT.name
 
 
 def _job_of(resource) -> tuple[str | None, int]:
@@ -194,12 +195,36 @@ class GoodputProcessor(Processor):
                             ledger.failure(str(body.get("kind")), onset, detected,
                                            failure_id=str(fid) if fid else None,
                                            withdrawn=body.get("withdrawn") is True)
+                    elif job is not None and record.event_name == _DIGEST:
+                        self._digest(job, restarts, record, t)
                     elif job is not None and record.event_name:
                         self._ledger(job, t, restarts)
         if refused:
             self._out_of_window(refused, "event times")
         if replaced:
             self._out_of_window(replaced, "failure times")
+
+    def _digest(self, job: str, restarts: int, record, t: float) -> None:
+        """A node digest (compact processor, digests on): its steps count as the ranks' step spans would (one rank's
+        step counts for the job, so one tuple per step number is enough)."""
+        body = body_object(record)
+        steps = body.get("steps") if isinstance(body, dict) else None
+        ledger = self._ledger(job, t, restarts)
+        if not isinstance(steps, list):
+            return
+        done: set[int] = set()
+        for st in steps:
+            if not isinstance(st, list) or len(st) < 7:
+                continue
+            step, start, end = _step(st[1]), _seconds(st[2], t), _seconds(st[3], t)
+            if step is None or step in done:
+                continue
+            done.add(step)
+            if start < ledger.first_seen:
+                ledger.touch(start, restarts)
+            ledger.touch(end, restarts)
+            ledger.step(step, start, end, _seconds(st[5], 0.0), _seconds(st[6], 0.0), self.config.slowdown_ratio,
+                        restart_count=restarts)
 
     def report(self) -> None:
         now = time.time()

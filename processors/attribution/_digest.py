@@ -1,0 +1,250 @@
+"""Node digests on the aggregator (issue 20): decodes ``otel_gpu.node.digest`` records into per-node state, and keeps
+the per-rank state the detectors read without a per-rank record.
+
+A digest (``processors/compact/_digest.py``) says, for one node and one job, where each of its ranks is: ranks in
+groups of identical progress, one shared :class:`Heartbeat` per group, and the steps that ended. Applying it costs a
+few attribute writes per rank and one StepSeen per rank and step, instead of decoding a request per rank.
+
+The hang and silence detectors walk every rank of a job. With digests they do so only when the node digests say it
+can matter (:func:`quiet` is the gate, checked first on each tick): some node has a rank whose stall reaches the hang
+timeout, or a rank (or a whole node: its digests stopped) not seen for the heartbeat timeout. This is the rule the
+detectors start with (``decide_hang`` returns nothing unless a reporting rank is stalled past the timeout;
+``decide_silent`` nothing unless a rank is silent past the heartbeat timeout), evaluated per node on what the digests
+said. When it opens, the detectors run unchanged on the ranks, so a verdict names the same cause and culprit as with
+every rank's own records. :meth:`DigestJob.behind` is the digest-level view of the wait-for graph: the nodes whose
+ranks are behind the job's highest collective, and which ranks (what a drill-down reads first).
+
+Rules:
+- a rank counts as seen (``last_seen``) when a digest carries a heartbeat or a step of it that arrived at the sidecar
+  since the previous digest (``fresh``), as it would with its own records;
+- a node whose digests stop leaves its ranks' ``last_seen`` where it was: the silence detector names it (a lost node:
+  ``node_lost`` when its device metrics stopped too);
+- a late digest (older than the newest applied for that node) changes nothing;
+- a job with ranks that no digest names (a node whose sidecar has digests off) is never gated.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from otel_gpu.processors.attribution import _hang, _slowdown
+from otel_gpu.processors.attribution._observations import Heartbeat, Identity, Inflight, StepSeen
+from otel_gpu.processors.attribution._state import JobState, RankState
+
+if TYPE_CHECKING:
+    from otel_gpu.processors.attribution._engine import Engine
+
+__all__ = ["DigestJob", "NodeState", "observe_digest", "quiet"]
+
+# The instrumentation says where an in-flight operation was seen; the engine needs only what it is (as processor.py).
+_INFLIGHT_KINDS = {"collective": "collective", "wait": "collective", "flight_recorder": "collective",
+                   "p2p": "collective", "data": "data", "checkpoint": "checkpoint"}
+_MAX_NODES = 65536
+
+
+@dataclass
+class NodeState:
+    """What the newest digest of one node said, and what the gate reads."""
+
+    host: str
+    sent: float = 0.0  # the sidecar's clock when it built the newest digest applied
+    received: float = 0.0  # collector clock
+    ranks: set[int] = field(default_factory=set)  # ranks of the job on this node, exited ones gone
+    stall_t0: float = 0.0  # min over its ranks of last_seen - own stall: stalled past T at now iff now - it >= T
+    seen_floor: float = 0.0  # min over its ranks of last_seen
+    pg: dict[str, dict] = field(default_factory=dict)  # the digest's per-group summary
+
+
+@dataclass
+class DigestJob:
+    """A job's node digests; reset with each incarnation."""
+
+    restart_count: int = 0
+    nodes: dict[str, NodeState] = field(default_factory=dict)
+    rank_node: dict[int, str] = field(default_factory=dict)  # every rank a digest named -> its host
+    identities: dict[int, Identity] = field(default_factory=dict)
+    digests: int = 0
+
+    def behind(self) -> dict[str, list[dict[str, Any]]]:
+        """Per process group, the nodes behind the job's highest started collective: ``{pg: [{host, started,
+        ranks}]}``, lowest first (``ranks``: the node's ranks behind, or all of them when the whole node is)."""
+        top: dict[str, int] = {}
+        for node in self.nodes.values():
+            for pg, entry in node.pg.items():
+                started = entry.get("started")
+                if started:
+                    top[pg] = max(top.get(pg, started[1]), started[1])
+        out: dict[str, list[dict[str, Any]]] = {}
+        for node in self.nodes.values():
+            for pg, entry in node.pg.items():
+                started = entry.get("started")
+                if not started or pg not in top:
+                    continue
+                if started[1] < top[pg]:
+                    ranks = sorted(node.ranks)
+                elif started[0] < top[pg]:
+                    ranks = list(entry.get("behind") or [])
+                else:
+                    continue
+                out.setdefault(pg, []).append({"host": node.host, "started": started[0], "ranks": ranks})
+        for rows in out.values():
+            rows.sort(key=lambda r: (r["started"], r["host"]))
+        return out
+
+
+def _int(v: Any) -> int | None:
+    try:
+        return int(v) if v is not None and not isinstance(v, bool) else None
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
+def _float(v: Any) -> float | None:
+    try:
+        return float(v) if v is not None and not isinstance(v, bool) else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _heartbeat(who: Identity, g: dict[str, Any]) -> Heartbeat:
+    inflight = g.get("inflight")
+    infl = None
+    if isinstance(inflight, dict) and _float(inflight.get("since")) is not None:
+        kind = str(inflight.get("kind"))
+        infl = Inflight(kind=_INFLIGHT_KINDS.get(kind, kind), op=inflight.get("op"),
+                        pg=None if inflight.get("pg") is None else str(inflight.get("pg")),
+                        seq=_int(inflight.get("seq")), since=float(inflight["since"]),
+                        bytes=_int(inflight.get("bytes")), p2p=bool(inflight.get("p2p")) or kind == "p2p")
+    return Heartbeat(who, float(g.get("time") or 0.0), _int(g.get("step")), g.get("state"), infl,
+                     {str(k): int(v) for k, v in (g.get("last_seq") or {}).items()},
+                     {str(k): int(v) for k, v in (g.get("last_started_seq") or {}).items()},
+                     g.get("stack_top"), _float(g.get("stalled_s")), _int(g.get("steps_done")))
+
+
+def observe_digest(engine: Engine, res: dict[str, Any], body: dict[str, Any], now: float,
+                   identity: Callable[[dict[str, Any]], Identity | None]) -> None:
+    """Applies one node digest (``body``, its resource's attributes ``res``) to the job's state. ``identity`` builds
+    an :class:`Identity` from resource attributes (the processor's). Raises on a body of the wrong shape (the
+    processor skips that record)."""
+    host = str(body.get("host") or res.get("host.name") or "")
+    ranks = [int(n) for n in body.get("ranks") or []]
+    who_map = body.get("who") or {}
+    base = {k: v for k, v in res.items() if k in ("training.job.id", "host.name")}
+    # Identities first: a higher restart count is a new incarnation (the engine clears the job's ranks).
+    fresh_ids: dict[int, Identity] = {}
+    for key, attrs in who_map.items():
+        who = identity({**base, **(attrs if isinstance(attrs, dict) else {}), "training.rank": int(key)})
+        if who is not None:
+            fresh_ids[who.rank] = who
+    probe = max(fresh_ids.values(), key=lambda w: w.restart_count, default=None)
+    if probe is None:
+        if not ranks:
+            return
+        probe = identity({**base, "training.rank": ranks[0]})
+        if probe is None:
+            return
+        known = engine.jobs.get(probe.job_id)
+        if known is not None:
+            probe = Identity(probe.job_id, probe.rank, probe.host, restart_count=known.restart_count)
+    job = engine._job(probe, now)
+    dj = job.digest
+    if not isinstance(dj, DigestJob) or dj.restart_count != job.restart_count:
+        dj = job.digest = DigestJob(job.restart_count)
+    dj.identities.update(fresh_ids)
+    node = dj.nodes.get(host)
+    sent = float(body.get("time") or 0.0)
+    if node is None:
+        if len(dj.nodes) >= _MAX_NODES:
+            return
+        node = dj.nodes[host] = NodeState(host)
+    elif sent < node.sent:
+        return  # a late digest: a newer one of this node was applied
+    node.sent, node.received = sent, now
+    dj.digests += 1
+    node.pg = body.get("pg") or {}
+
+    def rank_state(n: int) -> RankState:
+        r = job.ranks.get(n)
+        who = fresh_ids.get(n)
+        if r is None or who is not None:
+            if who is None:
+                who = dj.identities.get(n) or identity({**base, "training.rank": n})
+                if who is None:
+                    raise ValueError(f"digest names rank {n!r} of no job")
+                if who.restart_count != job.restart_count:
+                    who = Identity(who.job_id, who.rank, who.host, restart_count=job.restart_count)
+            created = n not in job.ranks
+            _, r = engine._rank(who, now)
+            if created:
+                r.last_seen = now  # a digest named it: a record of it reached its sidecar, as one would here
+            dj.rank_node[n] = host
+        return r
+
+    for g in body.get("groups") or []:
+        members = [int(n) for n in g.get("ranks") or []]
+        if not members:
+            continue
+        hb = None
+        fresh = bool(g.get("fresh"))
+        for n in members:
+            r = rank_state(n)
+            if hb is None:
+                hb = _heartbeat(r.who, g)
+            r.last_heartbeat = hb
+            if fresh and now > r.last_seen:
+                r.last_seen = now
+    closes = False
+    for st in body.get("steps") or []:
+        n, step = int(st[0]), int(st[1])
+        r = rank_state(n)
+        seen = StepSeen(r.who, step, float(st[2]), float(st[3]), _float(st[4]), _float(st[5]), _float(st[6]))
+        r.steps.append(seen)
+        if now > r.last_seen:
+            r.last_seen = now
+        if step > job.last_step_closed:
+            job.step_times.setdefault(step, {})[n] = seen
+            closes = True
+    if closes:  # what Engine.observe_step does per step, once per digest
+        for finding in _slowdown.close_steps(engine, job, now):
+            engine._pending.append(engine._emit(job, finding, now))
+    for n in body.get("gone") or []:
+        node.ranks.discard(int(n))
+    node.ranks.update(ranks)
+    for n in ranks:
+        dj.rank_node.setdefault(n, host)
+        if n not in job.ranks:
+            rank_state(n)
+    _node_floor(job, node)
+
+
+def _node_floor(job: JobState, node: NodeState) -> None:
+    stall_t0 = seen = float("inf")
+    for n in node.ranks:
+        r = job.ranks.get(n)
+        if r is None:
+            continue
+        hb = r.last_heartbeat
+        own = 0.0
+        if hb is not None:
+            own = hb.stalled_s if hb.stalled_s is not None else 0.0
+            if hb.inflight is not None:
+                own = max(own, hb.time - hb.inflight.since)
+        stall_t0 = min(stall_t0, r.last_seen - own)
+        seen = min(seen, r.last_seen)
+    node.stall_t0, node.seen_floor = stall_t0, seen
+
+
+def quiet(engine: Engine, job: JobState, now: float) -> bool:
+    """True when the node digests show that the hang and silence detectors have nothing to find on this tick: every
+    rank of the job is named by a digest, none is stalled for the hang timeout and none is unseen for the heartbeat
+    timeout. False (run the detectors) whenever that is not certain."""
+    dj = job.digest
+    if not isinstance(dj, DigestJob) or dj.restart_count != job.restart_count or len(job.ranks) != len(dj.rank_node):
+        return False
+    stuck_before = now - _hang.hang_timeout(engine, job)
+    silent_cut = now - engine.settings.heartbeat_timeout_s
+    for node in dj.nodes.values():
+        if node.stall_t0 <= stuck_before or node.seen_floor < silent_cut:
+            return False
+    return True

@@ -1,0 +1,66 @@
+"""Unchanged node metrics are not decoded again (issue 20: the aggregator's cost per node).
+
+A node's GPU and NIC metrics are the same every poll on a healthy node; the sidecar forwards them again every
+``metrics_refresh`` all the same (an aggregator that restarted must learn them). Decoding one node's metrics costs
+the aggregator about 3 ms (benchmarks/aggregator_scale.py), most of it the data points' attributes; at 16,384 nodes
+the refreshes alone were 3 CPU s per second. An unchanged metric changes nothing in the device evidence but when the
+device was last seen (counter series keep changes only, clock-event reasons and process maps are compared), so for a
+metric whose points, timestamps aside, are those it had last time, :class:`MetricMemo` says so and the processor only
+marks its node's devices as seen.
+
+Example:
+    >>> from opentelemetry.proto.metrics.v1 import metrics_pb2
+    >>> memo, m = MetricMemo(), metrics_pb2.Metric(name="gpu.xid.errors")
+    >>> _ = m.sum.data_points.add(as_int=0, time_unix_nano=10**9)
+    >>> memo.unchanged(b"node-1", m), memo.unchanged(b"node-1", m)
+    (None, 1.0)
+"""
+from __future__ import annotations
+
+from opentelemetry.proto.metrics.v1 import metrics_pb2
+
+from otel_gpu.pdata import data_points
+
+__all__ = ["MetricMemo"]
+
+_MAX = 400_000  # (resource, metric) pairs remembered: a node sends a dozen or two
+
+
+class MetricMemo:
+    """Per (resource, metric name): a fingerprint of the last points decoded, and the devices the resource names."""
+
+    def __init__(self) -> None:
+        self._seen: dict[tuple[bytes, str], int] = {}
+        self._devices: dict[bytes, tuple[frozenset[str], frozenset[str]]] = {}
+
+    def unchanged(self, resource_key: bytes, metric) -> float | None:
+        """The metric's first point time (seconds; 0.0 when it has none) when its points are as last time; None
+        otherwise (and it is remembered as the last)."""
+        fp = metrics_pb2.Metric()
+        fp.CopyFrom(metric)
+        first = None
+        for p in data_points(fp):
+            if first is None:
+                first = p.time_unix_nano / 1e9
+            p.time_unix_nano = 0
+            p.start_time_unix_nano = 0
+        fingerprint = hash(fp.SerializeToString(deterministic=True))
+        key = (resource_key, metric.name)
+        if self._seen.get(key) == fingerprint:
+            return first or 0.0
+        if len(self._seen) >= _MAX:
+            self._seen.clear()
+        self._seen[key] = fingerprint
+        return None
+
+    def devices(self, resource_key: bytes) -> tuple[frozenset[str], frozenset[str]]:
+        """(GPU keys, port keys) the resource's metrics named so far."""
+        return self._devices.get(resource_key, (frozenset(), frozenset()))
+
+    def learn(self, resource_key: bytes, gpus, ports) -> None:
+        known = self._devices.get(resource_key)
+        if known is None or not known[0].issuperset(gpus) or not known[1].issuperset(ports):
+            if known is None and len(self._devices) >= _MAX:
+                self._devices.clear()
+            g, p = known or (frozenset(), frozenset())
+            self._devices[resource_key] = (g | frozenset(gpus), p | frozenset(ports))

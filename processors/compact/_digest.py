@@ -1,0 +1,275 @@
+"""Node digests (issue 20): one ``otel_gpu.node.digest`` log record per job per node per interval, instead of every
+rank's heartbeats and step spans.
+
+The sidecar knows its node's ranks. Per job it keeps each rank's newest heartbeat, the step spans that ended since
+the last digest, and its identity; :meth:`NodeDigests.build` turns them into one record whose JSON body says, per
+process group, the lowest and highest completed, started and in-flight collective sequence numbers and which ranks
+are behind the node's highest; the ranks in *groups* of identical progress (step, state, in-flight operation, last
+sequence numbers: a healthy node is one or two groups); the steps as compact tuples and a min/median/max summary; the
+rank stalled longest; what changed since the last digest; the identities of ranks that are new (and all of them every
+``refresh_s``, so that an aggregator that restarted learns them again). A group is ``fresh`` when a heartbeat of its
+ranks arrived since the last digest: the aggregator counts a rank as seen only then, as it would a heartbeat.
+
+What a rank sends on its own (exceptions, signals, exits, checkpoint spans) is still forwarded as it is; its stacks
+too, unless it waits in a collective (the detectors read the stacks of the rank everyone waits for, never of a
+waiter: at 131,072 ranks a hang would otherwise send 131,071 stacks the aggregator does not read).
+
+Example:
+    >>> d = NodeDigests("node-1", clock=lambda: 100.0)
+    >>> who = {"training.job.id": "j", "training.rank": 3, "host.name": "node-1"}
+    >>> d.heartbeat(who, {"step": 7, "state": "step", "last_seq": {"0": 56}, "last_started_seq": {"0": 56}}, 99.5)
+    True
+    >>> body = d.bodies(100.0)[0][1]
+    >>> body["ranks"], body["pg"]["0"]["started"], body["groups"][0]["fresh"]
+    ([3], [56, 56], True)
+"""
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Callable
+from typing import Any
+
+from otel_gpu.schema import identity as I
+
+__all__ = ["NodeDigests", "DIGEST_VERSION", "IDENTITY_KEYS"]
+
+DIGEST_VERSION = 1
+_JOB, _RANK, _HOST = str(I.JOB_ID), str(I.RANK), str(I.HOST_NAME)
+#: Resource attributes of a rank that the aggregator's Identity holds (sent when new, and every refresh_s).
+IDENTITY_KEYS = (str(I.LOCAL_RANK), str(I.PROCESS_PID), str(I.GPU_INDEX), str(I.GPU_UUID), str(I.WORLD_SIZE),
+                 str(I.RESTART_COUNT), str(I.NET_INTERFACES), str(I.PROCESS_CREATION_TIME))
+_COLLECTIVE_KINDS = frozenset(("collective", "wait", "flight_recorder"))
+_MAX_RANKS = 4096  # ranks per job on one node (8 is usual); more is hostile input
+_MAX_JOBS = 64
+
+
+class _Rank:
+    __slots__ = ("rank", "who", "who_sent", "hb", "hb_key", "fresh", "steps", "sent_key")
+
+    def __init__(self, rank: int, who: dict[str, Any]):
+        self.rank = rank
+        self.who = who  # identity attributes (IDENTITY_KEYS present on its resource)
+        self.who_sent = -1e18  # when its identity last went out in a digest
+        self.hb: dict[str, Any] | None = None  # the newest heartbeat's fields the detectors read
+        self.hb_key = ""  # those fields without the ones that differ from rank to rank (time, stall), as text
+        self.fresh = False  # a heartbeat arrived since the last digest
+        self.steps: list[list] = []  # step tuples since the last digest
+        self.sent_key = ""  # hb_key in the last digest ("changed")
+
+
+class _Job:
+    __slots__ = ("ranks", "gone", "last_refresh")
+
+    def __init__(self) -> None:
+        self.ranks: dict[int, _Rank] = {}
+        self.gone: list[int] = []  # ranks that exited since the last digest
+        self.last_refresh: float | None = None  # when every identity last went out (new ones go at once)
+
+
+def _int(v: Any) -> int | None:
+    try:
+        return int(v) if v is not None and v != "" and not isinstance(v, bool) else None
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
+def _num(v: Any) -> float | None:
+    try:
+        return float(v) if v is not None and not isinstance(v, bool) else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _seqs(v: Any) -> dict[str, int]:
+    out: dict[str, int] = {}
+    if isinstance(v, dict):
+        for k, s in v.items():
+            n = _int(s)
+            if n is not None:
+                out[str(k)] = n
+    return out
+
+
+class NodeDigests:
+    """What the sidecar holds between digests, per job and rank of its node. Not thread-safe: the compact processor
+    calls it under its lock."""
+
+    def __init__(self, host: str, clock: Callable[[], float], refresh_s: float = 30.0, interval_s: float = 1.0):
+        self.host = host
+        self.clock = clock
+        self.refresh_s = refresh_s
+        self.interval_s = interval_s
+        self.jobs: dict[str, _Job] = {}
+        #: heartbeats and step spans folded into digests, stacks held back (waiters'), digests built
+        self.stats = {"heartbeats": 0, "steps": 0, "stacks_held": 0, "digests": 0}
+
+    # -- what the ranks send -----------------------------------------------------------------------------------
+    def _rank(self, res: dict[str, Any]) -> tuple[_Job, _Rank] | None:
+        job_id, rank_no = res.get(_JOB), _int(res.get(_RANK))
+        if not isinstance(job_id, str) or not job_id or rank_no is None:
+            return None
+        job = self.jobs.get(job_id)
+        if job is None:
+            if len(self.jobs) >= _MAX_JOBS:
+                return None
+            job = self.jobs[job_id] = _Job()
+        who = {k: res[k] for k in IDENTITY_KEYS if k in res}
+        host = res.get(_HOST)
+        if isinstance(host, str) and host:
+            who[_HOST] = host
+        r = job.ranks.get(rank_no)
+        if r is None:
+            if len(job.ranks) >= _MAX_RANKS:
+                return None
+            r = job.ranks[rank_no] = _Rank(rank_no, who)
+            if rank_no in job.gone:
+                job.gone.remove(rank_no)
+        elif r.who != who:
+            if _int(who.get(str(I.RESTART_COUNT))) != _int(r.who.get(str(I.RESTART_COUNT))) \
+                    or who.get(str(I.PROCESS_PID)) != r.who.get(str(I.PROCESS_PID)):
+                r.hb, r.hb_key = None, ""  # a new process of this rank: what the old one said is history
+            r.who, r.who_sent = who, -1e18
+        return job, r
+
+    def heartbeat(self, res: dict[str, Any], body: dict[str, Any], t: float) -> bool:
+        """A rank's ``otel_gpu.progress`` body; True when it is folded into the digest (not forwarded)."""
+        found = self._rank(res)
+        if found is None:
+            return False
+        _, r = found
+        if r.hb is not None and t < r.hb.get("time", 0.0):
+            return True  # an older heartbeat that arrived late: the newer one stands
+        inflight = body.get("inflight")
+        infl = None
+        if isinstance(inflight, dict) and _num(inflight.get("since")) is not None:
+            infl = {k: inflight.get(k) for k in ("kind", "op", "pg", "seq", "bytes", "p2p") if inflight.get(k)
+                    is not None}
+            infl["since"] = _num(inflight.get("since"))
+        counters = body.get("counters")
+        hb = {"step": _int(body.get("step")), "state": body.get("state") if isinstance(body.get("state"), str)
+              else None, "inflight": infl, "last_seq": _seqs(body.get("last_seq")),
+              "last_started_seq": _seqs(body.get("last_started_seq")),
+              "stack_top": body.get("stack_top") or body.get("user_top") or None,
+              "steps_done": _int(counters.get("steps")) if isinstance(counters, dict) else None}
+        # What tells ranks apart for the detectors; when an operation began and how long a rank stalled are kept as
+        # the group's oldest and longest (its ranks entered the same collective within moments).
+        same = dict(hb, inflight=None if infl is None else {k: v for k, v in infl.items() if k != "since"})
+        key = json.dumps(same, sort_keys=True, default=str)
+        hb["time"] = t
+        hb["stalled_s"] = _num(body.get("stalled_s"))
+        r.hb, r.hb_key, r.fresh = hb, key, True
+        self.stats["heartbeats"] += 1
+        return True
+
+    def step(self, res: dict[str, Any], step: int, start: float, end: float, collective_s: float | None,
+             data_s: float | None, checkpoint_s: float | None) -> bool:
+        found = self._rank(res)
+        if found is None:
+            return False
+        _, r = found
+        if len(r.steps) < 64:  # a rank steps a few times per interval at most
+            r.steps.append([r.rank, step, start, end, collective_s, data_s, checkpoint_s])
+        self.stats["steps"] += 1
+        return True
+
+    def stacks_held(self, res: dict[str, Any], body: dict[str, Any]) -> bool:
+        """True when the stacks come from a rank waiting in a collective (held back, counted in the digest)."""
+        inflight = body.get("inflight")
+        if not isinstance(inflight, dict) or str(inflight.get("kind")) not in _COLLECTIVE_KINDS \
+                or inflight.get("p2p") or inflight.get("seq") is None:
+            return False
+        if self._rank(res) is None:
+            return False
+        self.stats["stacks_held"] += 1
+        return True
+
+    def exited(self, res: dict[str, Any], record_attrs: dict[str, Any]) -> None:
+        """A rank's exit (from the rank, or its launcher naming it): it leaves the digest."""
+        job_id = record_attrs.get(_JOB) or res.get(_JOB)
+        rank_no = _int(record_attrs.get(_RANK, res.get(_RANK)))
+        job = self.jobs.get(job_id) if isinstance(job_id, str) else None
+        if job is None or rank_no is None or rank_no not in job.ranks:
+            return
+        del job.ranks[rank_no]
+        job.gone.append(rank_no)
+
+    # -- the digest ----------------------------------------------------------------------------------------------
+    def bodies(self, now: float) -> list[tuple[str, dict[str, Any]]]:
+        """(job id, digest body) per job with ranks on this node; resets what is per interval."""
+        out = []
+        for job_id, job in list(self.jobs.items()):
+            if not job.ranks and not job.gone:
+                del self.jobs[job_id]
+                continue
+            out.append((job_id, self._body(job, now)))
+            job.gone = []
+        self.stats["digests"] += len(out)
+        return out
+
+    def _body(self, job: _Job, now: float) -> dict[str, Any]:
+        if job.last_refresh is None:
+            job.last_refresh = now
+        refresh = now - job.last_refresh >= self.refresh_s
+        if refresh:
+            job.last_refresh = now
+        who: dict[str, dict] = {}
+        groups: dict[tuple, dict] = {}
+        pgs: dict[str, dict[str, list]] = {}
+        steps: list[list] = []
+        changed: list[int] = []
+        stalled: tuple[float, int] | None = None
+        for n in sorted(job.ranks):
+            r = job.ranks[n]
+            if refresh or r.who_sent < 0:
+                who[str(n)] = r.who
+                r.who_sent = now
+            if r.steps:
+                steps += r.steps
+                r.steps = []
+            hb = r.hb
+            if hb is None:
+                continue
+            if r.hb_key != r.sent_key:
+                changed.append(n)
+                r.sent_key = r.hb_key
+            g = groups.get((r.fresh, r.hb_key))
+            if g is None:
+                g = groups[(r.fresh, r.hb_key)] = {"ranks": [], "fresh": r.fresh, **hb}
+                if hb["inflight"] is not None:
+                    g["inflight"] = dict(hb["inflight"])
+            else:
+                g["time"] = max(g["time"], hb["time"])
+                if hb["stalled_s"] is not None:
+                    g["stalled_s"] = max(g["stalled_s"] or 0.0, hb["stalled_s"])
+                if hb["inflight"] is not None:
+                    g["inflight"]["since"] = min(g["inflight"]["since"], hb["inflight"]["since"])
+            g["ranks"].append(n)
+            r.fresh = False
+            own = max(hb["stalled_s"] or 0.0, hb["time"] - hb["inflight"]["since"] if hb["inflight"] else 0.0)
+            if stalled is None or own > stalled[0]:
+                stalled = (own, n)
+            for key, row in (("completed", hb["last_seq"]), ("started", hb["last_started_seq"])):
+                for pg, seq in row.items():
+                    pgs.setdefault(pg, {}).setdefault(key, []).append((seq, n))
+            i = hb["inflight"]
+            if i is not None and i.get("pg") is not None and _int(i.get("seq")) is not None:
+                pgs.setdefault(str(i["pg"]), {}).setdefault("inflight", []).append((_int(i["seq"]), n))
+        pg_out = {}
+        for pg, rows in pgs.items():
+            entry: dict[str, Any] = {}
+            for key in ("completed", "started", "inflight"):
+                vals = rows.get(key)
+                entry[key] = [min(v for v, _ in vals), max(v for v, _ in vals)] if vals else None
+            started = rows.get("started", [])
+            top = max((v for v, _ in started), default=None)
+            entry["behind"] = sorted(n for v, n in started if v < top) if top is not None else []
+            pg_out[pg] = entry
+        durations = sorted(s[3] - s[2] for s in steps)
+        host = next((r.who[_HOST] for r in job.ranks.values() if _HOST in r.who), self.host)
+        return {"v": DIGEST_VERSION, "host": host, "time": now, "interval_s": self.interval_s,
+                "ranks": sorted(job.ranks), "who": who, "groups": list(groups.values()), "pg": pg_out,
+                "steps": steps, "step_s": [round(durations[0], 6), round(statistics.median(durations), 6),
+                                           round(durations[-1], 6)] if durations else None,
+                "stalled": None if stalled is None else {"rank": stalled[1], "s": round(stalled[0], 3)},
+                "changed": changed, "gone": sorted(job.gone)}

@@ -1,0 +1,237 @@
+"""Node digests (issue 20): the sidecar's compact processor folds its ranks' heartbeats and step spans into one
+``otel_gpu.node.digest`` per node per interval; the aggregator's attribution processor applies it and gates its
+per-rank detectors on it. Each job below runs twice through real compact and attribution processors on a simulated
+clock, once with digests and once with every rank's own records, and both must name the same failure."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from otel_gpu.collector.telemetry import PrometheusSelfTelemetry
+from otel_gpu.component import ComponentHost
+from otel_gpu.config import build
+from otel_gpu.otlp_build import LogsBuilder, MetricsBuilder, SpansBuilder
+from otel_gpu.pdata import Batch, Signal
+from otel_gpu.processors.attribution import AttributionConfig, AttributionProcessor
+from otel_gpu.processors.compact import CompactConfig, CompactProcessor
+from otel_gpu.processors.compact._digest import NodeDigests
+from otel_gpu.schema import gpu as G
+from otel_gpu.schema import training as T
+
+JOB = "digest-job"
+T0 = 1_800_000_000.0
+PER_NODE = 4
+COLLECTIVES = 4
+
+
+class _Into:
+    """A consumer that hands batches to a processor (the next pipeline stage)."""
+
+    def __init__(self, processor):
+        self.processor = processor
+        self.batches: list[Batch] = []
+
+    def consume(self, batch: Batch) -> None:
+        self.batches.append(batch)
+        self.processor.process(batch)
+
+
+class Job:
+    """``nodes`` nodes of PER_NODE ranks, each node with its own compact processor (the sidecar), one attribution
+    processor (the aggregator). ``stuck``: ranks that never start the collective after step ``hang_at``;
+    ``lost``: hosts whose ranks, sidecar and device metrics all stop at ``hang_at``."""
+
+    def __init__(self, nodes: int, digests: bool, stuck: set[int] = frozenset(), lost: set[str] = frozenset(),
+                 hang_at: int = 30):
+        self.sim = [T0]
+        cfg = build(AttributionConfig, {"hang_timeout": "8s", "heartbeat_timeout": "6s", "tick_interval": "1h"},
+                    "processors.attribution")
+        self.attribution = AttributionProcessor(cfg, ComponentHost("attribution", PrometheusSelfTelemetry()))
+        self.attribution._clock = lambda: self.sim[0]
+        into = _Into(self.attribution)
+        self.into = into
+        self.sidecars = []
+        for _ in range(nodes):
+            c = CompactProcessor(build(CompactConfig, {"job_id": JOB, "digests": digests,
+                                                       "batch_interval": "1s" if digests else "0s"},
+                                       "processors.compact"),
+                                 ComponentHost("compact", PrometheusSelfTelemetry(),
+                                               {s: into for s in Signal}))
+            c._wall = lambda: self.sim[0]
+            self.sidecars.append(c)
+        self.n = nodes * PER_NODE
+        self.stuck, self.lost, self.hang_at = set(stuck), set(lost), hang_at
+        self.records: list = []
+
+    @staticmethod
+    def host(rank: int) -> str:
+        return f"node-{rank // PER_NODE}"
+
+    def _resource(self, rank: int) -> dict:
+        return {"training.job.id": JOB, "training.rank": rank, "training.world_size": self.n,
+                "training.local_rank": rank % PER_NODE, "host.name": self.host(rank), "process.pid": 1000 + rank,
+                "gpu.index": rank % PER_NODE, "service.name": "train"}
+
+    def _send(self, rank: int, signal: Signal, request) -> None:
+        out = self.sidecars[rank // PER_NODE].process(Batch.from_message(signal, request))
+        if out is not None:
+            self.into.consume(out)
+
+    def second(self, s: int) -> None:
+        now = T0 + s
+        hung = s > self.hang_at
+        for rank in range(self.n):
+            if hung and self.host(rank) in self.lost:
+                continue
+            step = min(s, self.hang_at)
+            seq = step * COLLECTIVES
+            if not hung:
+                sb = SpansBuilder(self._resource(rank))
+                sb.span(T.STEP_SPAN, int((now - 0.9) * 1e9), int(now * 1e9),
+                        {str(T.STEP): s, str(T.STEP_COLLECTIVE_S): 0.3, str(T.STEP_DATA_S): 0.02})
+                self._send(rank, Signal.TRACES, sb.build())
+                body = {"step": step, "state": "step", "inflight": None, "last_seq": {"0": seq},
+                        "last_started_seq": {"0": seq}, "stalled_s": 0.1, "counters": {"steps": step}}
+            elif rank in self.stuck:
+                body = {"step": step, "state": "step", "inflight": None, "last_seq": {"0": seq},
+                        "last_started_seq": {"0": seq}, "stalled_s": now - (T0 + self.hang_at),
+                        "counters": {"steps": step}}
+            else:
+                body = {"step": step, "state": "collective", "last_seq": {"0": seq},
+                        "last_started_seq": {"0": seq + 1}, "stalled_s": now - (T0 + self.hang_at),
+                        "inflight": {"kind": "collective", "op": "all_reduce", "pg": "0", "seq": seq + 1,
+                                     "since": T0 + self.hang_at}, "counters": {"steps": step}}
+            lb = LogsBuilder(self._resource(rank))
+            lb.event(T.PROGRESS_EVENT, body, time_ns=int(now * 1e9))
+            if hung and s == self.hang_at + 4:  # the watchdogs send their stacks
+                top = "/home/me/train.py:88 evaluate" if rank in self.stuck else "/home/me/train.py:70 step"
+                lb.event(T.STACKS_EVENT, {"threads": [{"name": "MainThread", "main": True, "frames": [
+                    {"file": "/home/me/train.py", "line": int(top.split(":")[1].split()[0]),
+                     "function": top.split()[-1]}]}], "top": top, "inflight": body["inflight"]},
+                         time_ns=int(now * 1e9))
+            self._send(rank, Signal.LOGS, lb.build())
+        for i, sidecar in enumerate(self.sidecars):
+            if hung and f"node-{i}" in self.lost:
+                continue
+            mb = MetricsBuilder({"host.name": f"node-{i}"}, scope="otel_gpu.receivers.nvml",
+                                time_ns=int(self.sim[0] * 1e9))  # polled as its ranks last reported
+            for g in range(PER_NODE):
+                mb.record(G.XID_ERRORS, 0, {"gpu.index": g})
+            self.attribution.process(Batch.from_message(Signal.METRICS, mb.build()))
+            sidecar.flush()
+        self.sim[0] = now
+        self.records += self.attribution.tick()
+
+    def run(self, seconds: int) -> list:
+        for s in range(1, seconds + 1):
+            self.second(s)
+        return self.records
+
+
+def _verdicts(records) -> list[tuple]:
+    return [(r.kind.value, r.root_cause.value, r.culprit.rank, r.culprit.host) for r in records]
+
+
+def _both(seconds: int, **job) -> tuple[list, list, Job]:
+    digest = Job(digests=True, **job)
+    per_rank = Job(digests=False, **job)
+    return _verdicts(digest.run(seconds)), _verdicts(per_rank.run(seconds)), digest
+
+
+def test_a_digest_sums_up_the_node_ranks_in_groups_with_who_is_behind():
+    d = NodeDigests("node-7", clock=lambda: 10.0)
+    for rank in range(8):
+        res = {"training.job.id": JOB, "training.rank": rank, "host.name": "node-7", "process.pid": 50 + rank}
+        behind = rank == 5
+        body = {"step": 3, "state": "step" if behind else "collective", "last_seq": {"0": 24},
+                "last_started_seq": {"0": 24 if behind else 25}, "stalled_s": 4.0,
+                "inflight": None if behind else {"kind": "collective", "op": "all_reduce", "pg": "0", "seq": 25,
+                                                 "since": 6.0 + rank * 0.1}}
+        assert d.heartbeat(res, body, 9.5)
+        assert d.step(res, 3, 1.0, 2.0 + rank * 0.01, 0.3, 0.01, None)
+    ((job, body),) = d.bodies(10.0)
+    assert job == JOB and body["host"] == "node-7" and body["ranks"] == list(range(8))
+    assert body["pg"]["0"] == {"completed": [24, 24], "started": [24, 25], "inflight": [25, 25], "behind": [5]}
+    groups = sorted(body["groups"], key=lambda g: g["ranks"])
+    assert [g["ranks"] for g in groups] == [[0, 1, 2, 3, 4, 6, 7], [5]]
+    assert groups[0]["inflight"]["since"] == 6.0  # the group's oldest: its longest stall
+    assert body["stalled"] == {"rank": 0, "s": 4.0}
+    assert len(body["steps"]) == 8 and body["step_s"][0] == pytest.approx(1.0) and body["step_s"][2] == \
+        pytest.approx(1.07)
+    assert set(body["who"]) == {str(r) for r in range(8)}  # new ranks: their identities
+    # The next interval: nothing arrived, so nothing is fresh, nothing changed, identities are not sent again.
+    ((_, again),) = d.bodies(11.0)
+    assert again["who"] == {} and again["changed"] == [] and again["steps"] == []
+    assert all(not g["fresh"] for g in again["groups"])
+    json.dumps(again)  # the body is plain JSON
+
+
+def test_a_digest_holds_back_a_waiter_stacks_and_forgets_a_rank_that_exited():
+    d = NodeDigests("node-1", clock=lambda: 10.0)
+    res = {"training.job.id": JOB, "training.rank": 2, "host.name": "node-1"}
+    assert d.stacks_held(res, {"inflight": {"kind": "collective", "pg": "0", "seq": 9, "since": 1.0}})
+    assert not d.stacks_held(res, {"inflight": None})  # not waiting in a collective: it may be the culprit
+    d.heartbeat(res, {"step": 1, "state": "step"}, 9.0)
+    d.exited(res, {})
+    ((_, body),) = d.bodies(10.0)
+    assert body["ranks"] == [] and body["gone"] == [2]
+
+
+def test_digests_replace_every_rank_heartbeat_and_step_span_with_one_record_per_node():
+    job = Job(nodes=2, digests=True)
+    job.run(5)
+    names = {r.event_name for b in job.into.batches if b.signal is Signal.LOGS
+             for rl in b.message.resource_logs for sl in rl.scope_logs for r in sl.log_records}
+    assert names == {T.NODE_DIGEST_EVENT.name}
+    assert not [b for b in job.into.batches if b.signal is Signal.TRACES]
+    state = job.attribution.engine.jobs[JOB]
+    assert sorted(state.ranks) == list(range(8)) and state.step_done  # the steps closed from the digests
+    assert sorted(state.digest.nodes) == ["node-0", "node-1"]
+
+
+def test_a_hang_whose_culprit_is_behind_on_its_node_is_named_as_with_every_rank_records():
+    digest, per_rank, job = _both(45, nodes=3, stuck={6})
+    assert digest == per_rank == [("hang", "rank_not_in_collective", 6, "node-1")]
+    behind = job.attribution.engine.jobs[JOB].digest.behind()
+    assert behind == {"0": [{"host": "node-1", "started": 120, "ranks": [6]}]}
+
+
+def test_a_hang_whose_culprit_is_a_whole_node_names_its_first_rank_as_with_every_rank_records():
+    digest, per_rank, job = _both(45, nodes=3, stuck={8, 9, 10, 11})
+    assert digest == per_rank and digest[0][:3] == ("hang", "rank_not_in_collective", 8)
+    assert job.attribution.engine.jobs[JOB].digest.behind()["0"][0]["ranks"] == [8, 9, 10, 11]
+
+
+def test_a_hang_whose_culprit_is_rank_0_is_named_as_with_every_rank_records():
+    digest, per_rank, _ = _both(45, nodes=2, stuck={0})
+    assert digest == per_rank == [("hang", "rank_not_in_collective", 0, "node-0")]
+
+
+def test_a_lost_node_is_named_as_with_every_rank_records():
+    digest, per_rank, _ = _both(45, nodes=3, lost={"node-2"})
+    assert digest == per_rank and digest[0][:2] == ("crash", "node_lost") and digest[0][3] == "node-2"
+
+
+def test_a_healthy_job_gets_no_verdict_and_its_ticks_skip_the_per_rank_walk(monkeypatch):
+    from otel_gpu.processors.attribution import _hang
+
+    calls = []
+    real = _hang.decide_hang
+    monkeypatch.setattr(_hang, "decide_hang", lambda *a: calls.append(1) or real(*a))
+    job = Job(nodes=2, digests=True, hang_at=10_000)
+    assert job.run(30) == []
+    assert calls == []  # the node digests said nobody is stalled
+
+
+def test_a_late_digest_changes_nothing():
+    job = Job(nodes=1, digests=True)
+    job.run(3)
+    node = job.attribution.engine.jobs[JOB].digest.nodes["node-0"]
+    sent = node.sent
+    lb = LogsBuilder({"training.job.id": JOB, "host.name": "node-0"})
+    lb.event(T.NODE_DIGEST_EVENT, {"v": 1, "host": "node-0", "time": sent - 5, "ranks": [0], "groups": [
+        {"ranks": [0], "fresh": True, "time": sent - 5, "step": 0, "state": "step", "inflight": None}]})
+    job.attribution.process(Batch.from_message(Signal.LOGS, lb.build()))
+    assert node.sent == sent
+    assert job.attribution.engine.jobs[JOB].ranks[0].last_heartbeat.step == 3
