@@ -10,7 +10,7 @@ from otel_gpu.schema.identity import COMPONENT, SIGNAL
 
 __all__ = ["PrometheusSelfTelemetry"]
 
-_LABELS = (sanitize(str(COMPONENT)), sanitize(str(SIGNAL)))
+_LABELS = (sanitize(COMPONENT), sanitize(SIGNAL))
 
 
 def _counter(metric, registry):

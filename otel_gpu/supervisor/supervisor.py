@@ -282,7 +282,7 @@ class Supervisor:
             from otel_gpu.schema import training as tr
 
             body = {k: v for k, v in asdict(decision).items() if v is not None}
-            send_event(launch, tr.RESTART_EVENT.name, {str(ids.JOB_ID): self.job_id}, body,
+            send_event(launch, tr.RESTART_EVENT.name, {ids.JOB_ID: self.job_id}, body,
                        warning=decision.decision != "done", token=self._forwarder_token)
         except Exception:  # the decision stands even if it cannot be exported
             _logger.debug("could not export the decision", exc_info=True)

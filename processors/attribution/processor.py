@@ -62,16 +62,16 @@ def _int(v: Any) -> int | None:
 
 
 def _identity(res: dict[str, Any]) -> Identity | None:
-    job, rank = res.get(str(I.JOB_ID)), _int(res.get(str(I.RANK)))
+    job, rank = res.get(I.JOB_ID), _int(res.get(I.RANK))
     if job is None or rank is None:
         return None
-    gpu = res.get(str(I.GPU_INDEX))
-    uuid = res.get(str(I.GPU_UUID))
-    return Identity(job_id=str(job), rank=rank, host=_text(res.get(str(I.HOST_NAME))), pid=_int(res.get(str(I.PROCESS_PID))),
-                    local_rank=_int(res.get(str(I.LOCAL_RANK))), world_size=_int(res.get(str(I.WORLD_SIZE))),
-                    gpu=None if gpu is None else str(gpu), restart_count=_int(res.get(str(I.RESTART_COUNT))) or 0,
+    gpu = res.get(I.GPU_INDEX)
+    uuid = res.get(I.GPU_UUID)
+    return Identity(job_id=str(job), rank=rank, host=_text(res.get(I.HOST_NAME)), pid=_int(res.get(I.PROCESS_PID)),
+                    local_rank=_int(res.get(I.LOCAL_RANK)), world_size=_int(res.get(I.WORLD_SIZE)),
+                    gpu=None if gpu is None else str(gpu), restart_count=_int(res.get(I.RESTART_COUNT)) or 0,
                     gpu_uuid=str(uuid) if uuid else None, net_ifaces=_ifaces(res.get(NET_INTERFACES)),
-                    started=_iso_seconds(res.get(str(I.PROCESS_CREATION_TIME))))
+                    started=_iso_seconds(res.get(I.PROCESS_CREATION_TIME)))
 
 
 def _iso_seconds(value: Any) -> float | None:
@@ -91,7 +91,7 @@ def _iso_seconds(value: Any) -> float | None:
 
 #: The network interfaces / HCAs a rank communicates over: only their ports can be network evidence for the job;
 #: without it, the ports that were up when the job started.
-NET_INTERFACES = str(I.NET_INTERFACES)
+NET_INTERFACES = I.NET_INTERFACES
 
 
 def _text(value: Any) -> str | None:
@@ -265,10 +265,10 @@ class AttributionProcessor(Processor):
     def _training_event(self, name: str, record, res: dict[str, Any], now: float,
                         view: _ResourceView | None = None) -> None:
         attrs = attributes_dict(record.attributes)
-        if view is not None and str(I.JOB_ID) not in attrs and str(I.RANK) not in attrs:
+        if view is not None and I.JOB_ID not in attrs and I.RANK not in attrs:
             who = view.identity()  # the usual case: the resource alone names the rank
         else:
-            merged = {**res, **{k: v for k, v in attrs.items() if k in (str(I.JOB_ID), str(I.RANK))}}
+            merged = {**res, **{k: v for k, v in attrs.items() if k in (I.JOB_ID, I.RANK)}}
             who = _identity(merged)
         if who is None:
             return
@@ -298,34 +298,34 @@ class AttributionProcessor(Processor):
             self.engine.observe_stacks(Stacks(who, t, body.get("top"), frames), now)
         elif name == T.EXCEPTION_EVENT.name:
             self.engine.observe_exception(ExceptionSeen(
-                who, t, str(attrs.get(str(T.EXC_TYPE), "?")), str(attrs.get(str(T.EXC_MESSAGE), "")),
-                attrs.get(str(T.EXC_HINT)), str(attrs.get(str(T.EXC_STACK), "")),
-                thread=None if attrs.get(str(T.THREAD_NAME)) is None else str(attrs.get(str(T.THREAD_NAME)))), now)
+                who, t, str(attrs.get(T.EXC_TYPE, "?")), str(attrs.get(T.EXC_MESSAGE, "")),
+                attrs.get(T.EXC_HINT), str(attrs.get(T.EXC_STACK, "")),
+                thread=None if attrs.get(T.THREAD_NAME) is None else str(attrs.get(T.THREAD_NAME))), now)
         elif name == T.EXIT_EVENT.name:
-            signal_name = attrs.get(str(T.EXIT_SIGNAL))
-            how = attrs.get(str(T.EXIT_HOW)) or body.get("how")
-            self.engine.observe_exit(ExitSeen(who, t, _int(attrs.get(str(T.EXIT_CODE))), signal_name or None,
+            signal_name = attrs.get(T.EXIT_SIGNAL)
+            how = attrs.get(T.EXIT_HOW) or body.get("how")
+            self.engine.observe_exit(ExitSeen(who, t, _int(attrs.get(T.EXIT_CODE)), signal_name or None,
                                               None if how is None else str(how)), now)
         elif name == T.STATE_EVENT.name:
-            frozen = attrs.get(str(T.PROCESS_FROZEN))
-            self.engine.observe_state(StateSeen(who, t, str(attrs.get(str(T.PROCESS_STATE), "?")),
+            frozen = attrs.get(T.PROCESS_FROZEN)
+            self.engine.observe_state(StateSeen(who, t, str(attrs.get(T.PROCESS_STATE, "?")),
                                                 None if not frozen else str(frozen),
-                                                str(attrs.get(str(T.PROCESS_WCHAN)) or ""),
+                                                str(attrs.get(T.PROCESS_WCHAN) or ""),
                                                 str(body.get("stack") or "")[:2000]), now)
 
     def _xid(self, record, res: dict[str, Any]) -> None:
         attrs = attributes_dict(record.attributes)
         host = self._host(res)
-        code = _int(attrs.get(str(G.XID_CODE)))
+        code = _int(attrs.get(G.XID_CODE))
         if code is None:
             return
-        gpu = attrs.get(str(I.GPU_INDEX))
+        gpu = attrs.get(I.GPU_INDEX)
         self.engine.observe_xid(XidSeen(host, None if gpu is None else str(gpu), code,
                                         _seconds(record.time_unix_nano) or self._clock(),
-                                        attrs.get(str(I.GPU_PCI_BUS_ID)), pid=_int(attrs.get(str(I.PROCESS_PID)))))
+                                        attrs.get(I.GPU_PCI_BUS_ID), pid=_int(attrs.get(I.PROCESS_PID))))
 
     def _host(self, res: dict[str, Any]) -> str:
-        return str(res.get(str(I.HOST_NAME)) or self.config.default_host or os.uname().nodename)
+        return str(res.get(I.HOST_NAME) or self.config.default_host or os.uname().nodename)
 
     def _metrics(self, request: ExportMetricsServiceRequest, now: float) -> None:
         memo = self._metric_memo
@@ -374,24 +374,24 @@ class AttributionProcessor(Processor):
             return
         for p in number_points(m):
             attrs = attributes_dict(p.attributes)
-            index = attrs.get(str(I.GPU_INDEX))
+            index = attrs.get(I.GPU_INDEX)
             if index is None:
                 continue
             key = str(index)
             t = _seconds(p.time_unix_nano) or self._clock()
             sample = gpus.get(key)
             if sample is None:
-                sample = gpus[key] = GpuSample(host, key, t, uuid=attrs.get(str(I.HW_ID)))
+                sample = gpus[key] = GpuSample(host, key, t, uuid=attrs.get(I.HW_ID))
             if name == G.CLOCK_EVENT_ACTIVE.name:
                 active = set(sample.clock_events or ())
                 if point_value(p) >= 1:
-                    active.add(str(attrs.get(str(G.CLOCK_EVENT_REASON))))
+                    active.add(str(attrs.get(G.CLOCK_EVENT_REASON)))
                 sample.clock_events = frozenset(active)
             elif name == G.ECC_ERRORS.name:
-                if attrs.get(str(G.ERROR_TYPE)) == "uncorrected" and attrs.get(str(G.ECC_COUNTER)) != "aggregate":
+                if attrs.get(G.ERROR_TYPE) == "uncorrected" and attrs.get(G.ECC_COUNTER) != "aggregate":
                     sample.counters["ecc_uncorrected"] = sample.counters.get("ecc_uncorrected", 0.0) + point_value(p)
             elif name == G.PROCESS_MEMORY.name:
-                pid = _int(attrs.get(str(I.PROCESS_PID)))
+                pid = _int(attrs.get(I.PROCESS_PID))
                 if pid is not None:
                     sample.pids = sample.pids + (pid,)
             else:
@@ -401,10 +401,10 @@ class AttributionProcessor(Processor):
     def _nic_metric(self, host: str, m, ports: dict[str, NicSample]) -> None:
         for p in number_points(m):
             attrs = attributes_dict(p.attributes)
-            device = attrs.get(str(N.DEVICE))
+            device = attrs.get(N.DEVICE)
             if device is None:
                 continue
-            port_no = attrs.get(str(N.PORT))
+            port_no = attrs.get(N.PORT)
             key = f"{device}/{port_no}" if port_no is not None else str(device)
             t = _seconds(p.time_unix_nano) or self._clock()
             sample = ports.get(key)
@@ -413,7 +413,7 @@ class AttributionProcessor(Processor):
             if m.name in _NIC_UP:
                 sample.up = point_value(p) >= 1
             else:
-                counter = attrs.get(str(G.ERROR_TYPE)) or attrs.get(str(N.COUNTER))
+                counter = attrs.get(G.ERROR_TYPE) or attrs.get(N.COUNTER)
                 if counter:
                     sample.counters[str(counter)] = point_value(p)
 
@@ -434,13 +434,13 @@ class AttributionProcessor(Processor):
                                 break
                         seen_training = True
                         attrs = attributes_dict(span.attributes)
-                        step = _int(attrs.get(str(T.STEP)))
+                        step = _int(attrs.get(T.STEP))
                         if step is None:
                             continue
                         self.engine.observe_step(StepSeen(
                             who, step, _seconds(span.start_time_unix_nano), _seconds(span.end_time_unix_nano),
-                            _float(attrs.get(str(T.STEP_COLLECTIVE_S))), _float(attrs.get(str(T.STEP_DATA_S))),
-                            _float(attrs.get(str(T.STEP_CHECKPOINT_S)))), now)
+                            _float(attrs.get(T.STEP_COLLECTIVE_S)), _float(attrs.get(T.STEP_DATA_S)),
+                            _float(attrs.get(T.STEP_CHECKPOINT_S))), now)
                     elif name in _SPAN_KINDS:
                         if who is None:
                             who = self._view(rs.resource).identity()
@@ -522,8 +522,8 @@ class AttributionProcessor(Processor):
                 counts[key] = counts.get(key, 0) + 1
         mb = MetricsBuilder(scope=_SCOPE, start_time_ns=self._started_ns)
         for (job, kind, cause, category), n in counts.items():
-            mb.record(F.FAILURES, n, {str(I.JOB_ID): job, str(F.KIND): kind, str(F.ROOT_CAUSE): cause,
-                                      str(F.CATEGORY): category})
+            mb.record(F.FAILURES, n, {I.JOB_ID: job, F.KIND: kind, F.ROOT_CAUSE: cause,
+                                      F.CATEGORY: category})
         return mb.build()
 
     def _tag(self, batch: Batch) -> None:
@@ -532,7 +532,7 @@ class AttributionProcessor(Processor):
         request = batch.message
         targets = []
         for i, rs in enumerate(request.resource_spans):
-            job = attributes_dict(rs.resource.attributes).get(str(I.JOB_ID))
+            job = attributes_dict(rs.resource.attributes).get(I.JOB_ID)
             record = self._tagging.get(str(job)) if job is not None else None
             if record is None:
                 continue
@@ -563,30 +563,30 @@ def _float(v: Any) -> float | None:
 
 def _failure_kvs(record: FailureRecord) -> list[KeyValue]:
     pairs: list[tuple[str, Any]] = [
-        (str(F.KIND), record.kind.value), (str(F.ROOT_CAUSE), record.root_cause.value),
-        (str(F.CATEGORY), record.category.value), (str(F.ACTION), record.action.value),
-        (str(F.AUTO_REMEDIABLE), bool(record.auto_remediable)), (str(F.JOB_ID), record.job_id),
-        (str(F.ONSET_TIME), float(record.onset_time)), (str(F.DETECTED_TIME), float(record.detected_time)),
-        (str(F.CONFIDENCE), float(record.confidence)), (str(F.EVIDENCE), list(record.evidence)),
-        (str(F.SIGNATURE), record.signature), (str(F.RECURRENCE), int(record.recurrence)),
-        (str(F.FAILURE_ID), record.failure_id), (str(F.VERSION), int(record.version))]
+        (F.KIND, record.kind.value), (F.ROOT_CAUSE, record.root_cause.value),
+        (F.CATEGORY, record.category.value), (F.ACTION, record.action.value),
+        (F.AUTO_REMEDIABLE, bool(record.auto_remediable)), (F.JOB_ID, record.job_id),
+        (F.ONSET_TIME, float(record.onset_time)), (F.DETECTED_TIME, float(record.detected_time)),
+        (F.CONFIDENCE, float(record.confidence)), (F.EVIDENCE, list(record.evidence)),
+        (F.SIGNATURE, record.signature), (F.RECURRENCE, int(record.recurrence)),
+        (F.FAILURE_ID, record.failure_id), (F.VERSION, int(record.version))]
     if record.withdrawn:
-        pairs.append((str(F.WITHDRAWN), True))
+        pairs.append((F.WITHDRAWN, True))
     if record.previous_root_cause is not None:
-        pairs.append((str(F.PREVIOUS_ROOT_CAUSE), record.previous_root_cause))
+        pairs.append((F.PREVIOUS_ROOT_CAUSE, record.previous_root_cause))
     if record.culprit.rank is not None:
-        pairs.append((str(F.CULPRIT_RANK), int(record.culprit.rank)))
+        pairs.append((F.CULPRIT_RANK, int(record.culprit.rank)))
     if record.culprit.host is not None:
-        pairs.append((str(F.CULPRIT_HOST), record.culprit.host))
+        pairs.append((F.CULPRIT_HOST, record.culprit.host))
     if record.culprit.gpu is not None:
-        pairs.append((str(F.CULPRIT_GPU), str(record.culprit.gpu)))
+        pairs.append((F.CULPRIT_GPU, str(record.culprit.gpu)))
     if record.details.get("xid") is not None:
-        pairs.append((str(F.XID), int(record.details["xid"])))
+        pairs.append((F.XID, int(record.details["xid"])))
     return attributes(dict(pairs))
 
 
 def _resource(record: FailureRecord) -> dict[str, Any]:
-    return {str(I.SERVICE_NAME): "otel-gpu", str(I.JOB_ID): record.job_id}
+    return {I.SERVICE_NAME: "otel-gpu", I.JOB_ID: record.job_id}
 
 
 def _failure_spans(record: FailureRecord) -> ExportTraceServiceRequest:
@@ -602,9 +602,9 @@ def _stuck_spans(record: FailureRecord) -> ExportTraceServiceRequest:
     kvs = _failure_kvs(record)
     requests = []
     for w in record.details.get("waiting", []):
-        resource = {**_resource(record), str(I.RANK): int(w["rank"])}
+        resource = {**_resource(record), I.RANK: int(w["rank"])}
         if w.get("host"):
-            resource[str(I.HOST_NAME)] = w["host"]
+            resource[I.HOST_NAME] = w["host"]
         sb = SpansBuilder(resource, scope=_SCOPE)
         where = {str(key): value for key, value in ((T.COLL_OP, w.get("op")), (T.COLL_PG, w.get("pg")),
                                                     (T.COLL_SEQ, w.get("seq"))) if value is not None}

@@ -35,10 +35,10 @@ from otel_gpu.schema import identity as I
 __all__ = ["NodeDigests", "DIGEST_VERSION", "IDENTITY_KEYS"]
 
 DIGEST_VERSION = 1
-_JOB, _RANK, _HOST = str(I.JOB_ID), str(I.RANK), str(I.HOST_NAME)
+_JOB, _RANK, _HOST = I.JOB_ID, I.RANK, I.HOST_NAME
 #: Resource attributes of a rank that the aggregator's Identity holds (sent when new, and every refresh_s).
-IDENTITY_KEYS = (str(I.LOCAL_RANK), str(I.PROCESS_PID), str(I.GPU_INDEX), str(I.GPU_UUID), str(I.WORLD_SIZE),
-                 str(I.RESTART_COUNT), str(I.NET_INTERFACES), str(I.PROCESS_CREATION_TIME))
+IDENTITY_KEYS = (I.LOCAL_RANK, I.PROCESS_PID, I.GPU_INDEX, I.GPU_UUID, I.WORLD_SIZE,
+                 I.RESTART_COUNT, I.NET_INTERFACES, I.PROCESS_CREATION_TIME)
 _COLLECTIVE_KINDS = frozenset(("collective", "wait", "flight_recorder"))
 _MAX_RANKS = 4096  # ranks per job on one node (8 is usual); more is hostile input
 _MAX_JOBS = 64
@@ -126,8 +126,8 @@ class NodeDigests:
             if rank_no in job.gone:
                 job.gone.remove(rank_no)
         elif r.who != who:
-            if _int(who.get(str(I.RESTART_COUNT))) != _int(r.who.get(str(I.RESTART_COUNT))) \
-                    or who.get(str(I.PROCESS_PID)) != r.who.get(str(I.PROCESS_PID)):
+            if _int(who.get(I.RESTART_COUNT)) != _int(r.who.get(I.RESTART_COUNT)) \
+                    or who.get(I.PROCESS_PID) != r.who.get(I.PROCESS_PID):
                 r.hb, r.hb_key = None, ""  # a new process of this rank: what the old one said is history
             r.who, r.who_sent = who, -1e18
         return job, r

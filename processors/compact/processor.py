@@ -33,12 +33,12 @@ __all__ = ["CompactProcessor"]
 
 _logger = logging.getLogger(__name__)
 
-_JOB = str(I.JOB_ID)
+_JOB = I.JOB_ID
 _MAX_SERIES = 20_000  # metric series remembered for change detection (a node has a few dozen)
 # signal -> (resource list, scope list, item list, the item's name field)
 _SHAPE = {signal: (*signal.fields, "event_name" if signal is Signal.LOGS else "name") for signal in Signal}
 _ABSENT = object()
-_RANK = str(I.RANK)
+_RANK = I.RANK
 _DIGEST_SCOPE = "otel_gpu.processors.compact"
 
 
@@ -121,7 +121,7 @@ class CompactProcessor(Processor):
             return None
         out = None
         for job, body in bodies:
-            lb = LogsBuilder({_JOB: job, str(I.HOST_NAME): body["host"], str(I.SERVICE_NAME): "otel-gpu-sidecar"},
+            lb = LogsBuilder({_JOB: job, I.HOST_NAME: body["host"], I.SERVICE_NAME: "otel-gpu-sidecar"},
                              scope=_DIGEST_SCOPE)
             lb.event(T.NODE_DIGEST_EVENT, body, time_ns=int(now * 1e9))
             if out is None:
@@ -139,14 +139,14 @@ class CompactProcessor(Processor):
             name = item.name
             if name == T.STEP_SPAN.name:
                 attrs = attributes_dict(item.attributes)
-                step = attrs.get(str(T.STEP))
+                step = attrs.get(T.STEP)
                 if not isinstance(step, int) or isinstance(step, bool):
                     return False
                 start, end = item.start_time_unix_nano / 1e9, item.end_time_unix_nano / 1e9
                 with self._lock:
-                    return digests.step(res_attrs, step, start, end, _float(attrs.get(str(T.STEP_COLLECTIVE_S))),
-                                        _float(attrs.get(str(T.STEP_DATA_S))),
-                                        _float(attrs.get(str(T.STEP_CHECKPOINT_S))))
+                    return digests.step(res_attrs, step, start, end, _float(attrs.get(T.STEP_COLLECTIVE_S)),
+                                        _float(attrs.get(T.STEP_DATA_S)),
+                                        _float(attrs.get(T.STEP_CHECKPOINT_S)))
             return name == T.DATA_SPAN.name and res_attrs.get(_RANK) is not None  # read by nothing downstream
         name = item.event_name
         if name == T.PROGRESS_EVENT.name or name == T.STACKS_EVENT.name:

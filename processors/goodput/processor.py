@@ -29,7 +29,7 @@ __all__ = ["GoodputProcessor"]
 _logger = logging.getLogger(__name__)
 _CKPT = {T.CKPT_SAVE_SPAN.name: "save", T.CKPT_LOAD_SPAN.name: "load"}
 _SCOPE = "otel_gpu.processors.goodput"
-_JOB, _RESTARTS = str(I.JOB_ID), str(I.RESTART_COUNT)
+_JOB, _RESTARTS = I.JOB_ID, I.RESTART_COUNT
 _DIGEST = T.NODE_DIGEST_EVENT.name
 
 
@@ -152,10 +152,10 @@ class GoodputProcessor(Processor):
                         ledger.touch(start, restarts)
                     ledger.touch(end, restarts)
                     if span.name == step_name:
-                        step = _step(_attr(span, str(T.STEP)))
+                        step = _step(_attr(span, T.STEP))
                         if step is not None:
-                            ledger.step(step, start, end, _seconds(_attr(span, str(T.STEP_DATA_S)), 0.0),
-                                        _seconds(_attr(span, str(T.STEP_CHECKPOINT_S)), 0.0),
+                            ledger.step(step, start, end, _seconds(_attr(span, T.STEP_DATA_S), 0.0),
+                                        _seconds(_attr(span, T.STEP_CHECKPOINT_S), 0.0),
                                         self.config.slowdown_ratio, restart_count=restarts)
                     elif span.name in _CKPT:
                         # Every rank's span comes; the ledger counts their union once, and the part inside a
@@ -241,7 +241,7 @@ class GoodputProcessor(Processor):
 
 
 def _job_resource(job_id: str) -> dict[str, Any]:
-    return {_JOB: job_id, str(I.SERVICE_NAME): "otel-gpu"}
+    return {_JOB: job_id, I.SERVICE_NAME: "otel-gpu"}
 
 
 def _metrics(summaries: list[dict]) -> ExportMetricsServiceRequest:
@@ -257,7 +257,7 @@ def _metrics(summaries: list[dict]) -> ExportMetricsServiceRequest:
         mb.record(F.PRODUCTIVE_TIME, float(s["productive_time_s"]))
         mb.record(F.WALL_TIME, float(s["wall_time_s"]))
         for bucket, seconds in s["badput_s"].items():
-            mb.record(F.BADPUT, float(seconds), {str(F.BADPUT_BUCKET): bucket})
+            mb.record(F.BADPUT, float(seconds), {F.BADPUT_BUCKET: bucket})
         requests.append(mb.build())
     return merge(requests) or ExportMetricsServiceRequest()
 

@@ -31,13 +31,13 @@ __all__ = ["DeviceHealthService", "HealthProcessor"]
 _logger = logging.getLogger(__name__)
 _SCOPE = "otel_gpu.processors.health"
 
-_HOST, _UUID, _INDEX, _PCI = str(I.HOST_NAME), str(I.HW_ID), str(I.GPU_INDEX), str(I.GPU_PCI_BUS_ID)
+_HOST, _UUID, _INDEX, _PCI = I.HOST_NAME, I.HW_ID, I.GPU_INDEX, I.GPU_PCI_BUS_ID
 # A serial number attribute, where the schema has one (semconv hw.serial_number); read when present.
 _SERIAL = next((str(a) for a in vars(I).values() if getattr(a, "name", None) == "hw.serial_number"), None)
-_ERROR_TYPE, _ECC_COUNTER, _REMAP_KIND = str(G.ERROR_TYPE), str(G.ECC_COUNTER), str(G.REMAP_KIND)
-_LINK, _REASON, _XID_CODE = str(G.NVLINK_LINK), str(G.CLOCK_EVENT_REASON), str(G.XID_CODE)
-_NIC_DEVICE, _NIC_PORT, _NIC_COUNTER, _NIC_GUID = str(N.DEVICE), str(N.PORT), str(N.COUNTER), str(N.PORT_GUID)
-_HW_TYPE = str(I.HW_TYPE)
+_ERROR_TYPE, _ECC_COUNTER, _REMAP_KIND = G.ERROR_TYPE, G.ECC_COUNTER, G.REMAP_KIND
+_LINK, _REASON, _XID_CODE = G.NVLINK_LINK, G.CLOCK_EVENT_REASON, G.XID_CODE
+_NIC_DEVICE, _NIC_PORT, _NIC_COUNTER, _NIC_GUID = N.DEVICE, N.PORT, N.COUNTER, N.PORT_GUID
+_HW_TYPE = I.HW_TYPE
 
 _HW_THROTTLE = frozenset(r.value for r in (G.ClockEventReason.HW_SLOWDOWN, G.ClockEventReason.HW_THERMAL_SLOWDOWN,
                                             G.ClockEventReason.HW_POWER_BRAKE_SLOWDOWN))
@@ -363,13 +363,13 @@ class HealthProcessor(Processor):
                                 "; ".join(body["evidence"][:3]) or "quiet")
         del self.changes[:-1000]
         if described and self.host.has_consumer(Signal.LOGS):
-            lb = LogsBuilder({str(I.SERVICE_NAME): "otel-gpu"}, scope=_SCOPE)
+            lb = LogsBuilder({I.SERVICE_NAME: "otel-gpu"}, scope=_SCOPE)
             for change, body in described:
                 rules = body["rules"]
-                lb.event(H.STATE_CHANGE_EVENT, body, {str(H.DEVICE_ID): body["device_id"],
-                                                      str(H.DEVICE_KIND): body["kind"], _HOST: body["host"],
-                                                      str(H.DEVICE_STATE): body["state"],
-                                                      str(H.DEVICE_RULE): rules[0] if rules else ""},
+                lb.event(H.STATE_CHANGE_EVENT, body, {H.DEVICE_ID: body["device_id"],
+                                                      H.DEVICE_KIND: body["kind"], _HOST: body["host"],
+                                                      H.DEVICE_STATE: body["state"],
+                                                      H.DEVICE_RULE: rules[0] if rules else ""},
                          time_ns=int(change.time * 1e9), severity=_SEVERITY[change.state])
             self.host.emit(Batch.from_message(Signal.LOGS, lb.build()))
         if metrics is not None:
@@ -377,7 +377,7 @@ class HealthProcessor(Processor):
         return changes
 
     def _health_metrics(self, now: float) -> Any:
-        mb = MetricsBuilder({str(I.SERVICE_NAME): "otel-gpu"}, scope=_SCOPE, time_ns=int(now * 1e9))
+        mb = MetricsBuilder({I.SERVICE_NAME: "otel-gpu"}, scope=_SCOPE, time_ns=int(now * 1e9))
         series = self._series
         if len(series) > 8 * self.config.max_devices:
             series.clear()
@@ -386,14 +386,14 @@ class HealthProcessor(Processor):
                 key = (dev.id, state.value)
                 s = series.get(key)
                 if s is None:
-                    s = series[key] = Series(H.HEALTH, attributes({str(H.DEVICE_ID): dev.id, str(H.DEVICE_KIND):
+                    s = series[key] = Series(H.HEALTH, attributes({H.DEVICE_ID: dev.id, H.DEVICE_KIND:
                                                                    dev.kind.value, _HOST: dev.host,
-                                                                   str(H.DEVICE_STATE): state.value}))
+                                                                   H.DEVICE_STATE: state.value}))
                 mb.add(s, 1 if dev.state is state else 0)
             key = (dev.id, "score")
             s = series.get(key)
             if s is None:
-                s = series[key] = Series(H.HEALTH_SCORE, attributes({str(H.DEVICE_ID): dev.id, str(H.DEVICE_KIND):
+                s = series[key] = Series(H.HEALTH_SCORE, attributes({H.DEVICE_ID: dev.id, H.DEVICE_KIND:
                                                                      dev.kind.value, _HOST: dev.host}))
             mb.add(s, dev.score)
         return mb.build()

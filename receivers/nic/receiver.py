@@ -168,7 +168,7 @@ class NicReceiver(Receiver):
     def __init__(self, config: NicReceiverConfig, host: ComponentHost):
         super().__init__(config, host)
         self._start_ns = time.time_ns()
-        self._resource = attributes({str(HOST_NAME): config.host_name or socket.gethostname()})
+        self._resource = attributes({HOST_NAME: config.host_name or socket.gethostname()})
         self.ports: dict[str, _Port] = {}
         self._last_scan = float("-inf")
         self._stop = threading.Event()
@@ -227,11 +227,11 @@ class NicReceiver(Receiver):
                                self.host.component_id, root)
 
     def _ib_port(self, path: str, dev: str, port: int) -> _Port:
-        attrs = {str(HW_ID): f"{dev}:{port}", str(N.DEVICE): dev, str(N.PORT): port, str(N.KIND): _KIND["ib"],
-                 str(HW_TYPE): "network"}
+        attrs = {HW_ID: f"{dev}:{port}", N.DEVICE: dev, N.PORT: port, N.KIND: _KIND["ib"],
+                 HW_TYPE: "network"}
         guid = port_guid(path)
         if guid:
-            attrs[str(N.PORT_GUID)] = guid
+            attrs[N.PORT_GUID] = guid
         p = _Port("ib", dev, port, path, attributes(attrs))
         cdir = os.path.join(path, "counters")
         for name in sorted(_listdir(cdir)):
@@ -247,8 +247,8 @@ class NicReceiver(Receiver):
         return p
 
     def _eth_port(self, path: str, iface: str) -> _Port:
-        p = _Port("eth", iface, None, path, attributes({str(HW_ID): iface, str(N.DEVICE): iface,
-                                                        str(N.KIND): _KIND["eth"], str(HW_TYPE): "network"}))
+        p = _Port("eth", iface, None, path, attributes({HW_ID: iface, N.DEVICE: iface,
+                                                        N.KIND: _KIND["eth"], HW_TYPE: "network"}))
         sdir = os.path.join(path, "statistics")
         present = set(_listdir(sdir))
         for name, (group, direction) in _ETH_TRAFFIC.items():
@@ -291,9 +291,9 @@ class NicReceiver(Receiver):
             start_before = tracker.start_ns
             rate = tracker.update(raw, now, now_ns)
             total_metric, rate_metric = _METRICS[group]
-            extra = ({str(NETWORK_IO_DIRECTION): direction} if direction
-                     else {str(N.COUNTER): name.removeprefix("hw:")} if group == "hw"
-                     else {str(ERROR_TYPE): name})
+            extra = ({NETWORK_IO_DIRECTION: direction} if direction
+                     else {N.COUNTER: name.removeprefix("hw:")} if group == "hw"
+                     else {ERROR_TYPE: name})
             key = ("total", name)
             series = s.get(key)
             if series is None or tracker.start_ns != start_before:

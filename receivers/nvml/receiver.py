@@ -47,10 +47,10 @@ class _Gpu:
 
     def __init__(self, index: int, handle: Any, uuid: str, pci: str, name: str, start_ns: int, driver: str = ""):
         self.index, self.handle, self.uuid, self.pci, self.name = index, handle, uuid, pci, name
-        self.identity = {str(GPU_INDEX): index, str(HW_ID): uuid, str(GPU_PCI_BUS_ID): pci, str(HW_MODEL): name,
-                         str(HW_VENDOR): "NVIDIA", str(HW_TYPE): "gpu"}
+        self.identity = {GPU_INDEX: index, HW_ID: uuid, GPU_PCI_BUS_ID: pci, HW_MODEL: name,
+                         HW_VENDOR: "NVIDIA", HW_TYPE: "gpu"}
         if driver:
-            self.identity[str(HW_DRIVER_VERSION)] = driver
+            self.identity[HW_DRIVER_VERSION] = driver
         self.attrs = attributes(self.identity)
         self.start_ns = start_ns
         self.skip: set[str] = set()
@@ -76,7 +76,7 @@ class NvmlReceiver(Receiver):
         self.backend: Any = None
         self.gpus: list[_Gpu] = []
         self._start_ns = time.time_ns()
-        self._resource = attributes({str(HOST_NAME): config.host_name or socket.gethostname()})
+        self._resource = attributes({HOST_NAME: config.host_name or socket.gethostname()})
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()  # guards xid_counts
@@ -248,11 +248,11 @@ class NvmlReceiver(Receiver):
         with self._lock:
             xids = list(gpu.xid_counts.items())
         for code, n in xids:
-            mb.add(s(("xid", code), G.XID_ERRORS, {str(G.XID_CODE): code}), n)
+            mb.add(s(("xid", code), G.XID_ERRORS, {G.XID_CODE: code}), n)
         failed = gpu.lost or gpu.remap_failure
         state = G.HwState.FAILED if failed else G.HwState.DEGRADED if degraded else G.HwState.OK
         for hw_state in G.HwState:
-            mb.add(s(("status", hw_state), G.STATUS, {str(G.HW_STATE): hw_state.value}),
+            mb.add(s(("status", hw_state), G.STATUS, {G.HW_STATE: hw_state.value}),
                    1 if hw_state is state else 0)
 
     def _read_gpu(self, gpu: _Gpu, mb: MetricsBuilder, nvlink: bool) -> bool:
@@ -272,11 +272,11 @@ class NvmlReceiver(Receiver):
                 mb.add(s("mutil", G.MEMORY_UTILIZATION), int(mem.used) / int(mem.total))
         temp = call(gpu, "temperature", nv.nvmlDeviceGetTemperature, nv.NVML_TEMPERATURE_GPU)
         if temp is not None:
-            mb.add(s("tgpu", G.TEMPERATURE, {str(G.SENSOR): "gpu"}), temp)
+            mb.add(s("tgpu", G.TEMPERATURE, {G.SENSOR: "gpu"}), temp)
         fields = call(gpu, "memory_temperature", nv.nvmlDeviceGetFieldValues, [nv.NVML_FI_DEV_MEMORY_TEMP])
         if fields is not None:
             if fields[0].nvmlReturn == nv.NVML_SUCCESS:
-                mb.add(s("tmem", G.TEMPERATURE, {str(G.SENSOR): "memory"}), int(fields[0].value.uiVal))
+                mb.add(s("tmem", G.TEMPERATURE, {G.SENSOR: "memory"}), int(fields[0].value.uiVal))
             else:
                 self._failed(gpu, "memory_temperature", nv.NVMLError(fields[0].nvmlReturn))
         power = call(gpu, "power", nv.nvmlDeviceGetPowerUsage)
@@ -291,13 +291,13 @@ class NvmlReceiver(Receiver):
         for domain, clock in (("sm", nv.NVML_CLOCK_SM), ("memory", nv.NVML_CLOCK_MEM)):
             mhz = call(gpu, "clocks", nv.nvmlDeviceGetClockInfo, clock)
             if mhz is not None:
-                mb.add(s(("clk", domain), G.CLOCK, {str(G.CLOCK_DOMAIN): domain}), mhz)
+                mb.add(s(("clk", domain), G.CLOCK, {G.CLOCK_DOMAIN: domain}), mhz)
             if domain in gpu.max_clocks:
-                mb.add(s(("maxclk", domain), G.CLOCK_MAX, {str(G.CLOCK_DOMAIN): domain}), gpu.max_clocks[domain])
+                mb.add(s(("maxclk", domain), G.CLOCK_MAX, {G.CLOCK_DOMAIN: domain}), gpu.max_clocks[domain])
         reasons = call(gpu, "clocks_event_reasons", nv.nvmlDeviceGetCurrentClocksEventReasons)
         if reasons is not None:
             for bit, reason in G.CLOCK_EVENT_BITS:
-                mb.add(s(("cer", bit), G.CLOCK_EVENT_ACTIVE, {str(G.CLOCK_EVENT_REASON): reason.value}),
+                mb.add(s(("cer", bit), G.CLOCK_EVENT_ACTIVE, {G.CLOCK_EVENT_REASON: reason.value}),
                        1 if reasons & bit else 0)
             degraded |= bool(reasons & _HW_MASK)
         pstate = call(gpu, "pstate", nv.nvmlDeviceGetPerformanceState)
@@ -308,15 +308,15 @@ class NvmlReceiver(Receiver):
             for counter, ctype in (("volatile", nv.NVML_VOLATILE_ECC), ("aggregate", nv.NVML_AGGREGATE_ECC)):
                 n = call(gpu, "ecc", nv.nvmlDeviceGetTotalEccErrors, code, ctype)
                 if n is not None:
-                    mb.add(s(("ecc", etype, counter), G.ECC_ERRORS, {str(G.ERROR_TYPE): etype,
-                                                                       str(G.ECC_COUNTER): counter}), n)
+                    mb.add(s(("ecc", etype, counter), G.ECC_ERRORS, {G.ERROR_TYPE: etype,
+                                                                       G.ECC_COUNTER: counter}), n)
                     if etype == "uncorrected" and counter == "volatile" and n > 0:
                         degraded = True
         for cause, code in (("multiple_single_bit_ecc", nv.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS),
                             ("double_bit_ecc", nv.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR)):
             pages = call(gpu, "retired_pages", nv.nvmlDeviceGetRetiredPages, code)
             if pages is not None:
-                mb.add(s(("retired", cause), G.RETIRED_PAGES, {str(G.RETIREMENT_CAUSE): cause}), len(pages))
+                mb.add(s(("retired", cause), G.RETIRED_PAGES, {G.RETIREMENT_CAUSE: cause}), len(pages))
         pending = call(gpu, "retired_pages", nv.nvmlDeviceGetRetiredPagesPendingStatus)
         if pending is not None:
             mb.add(s("rpending", G.RETIRED_PENDING), int(pending))
@@ -324,8 +324,8 @@ class NvmlReceiver(Receiver):
         rows = call(gpu, "remapped_rows", nv.nvmlDeviceGetRemappedRows)
         if rows is not None:
             corr, unc, rpending, rfailure = rows
-            mb.add(s(("rows", "c"), G.REMAPPED_ROWS, {str(G.REMAP_KIND): "correctable"}), int(corr))
-            mb.add(s(("rows", "u"), G.REMAPPED_ROWS, {str(G.REMAP_KIND): "uncorrectable"}), int(unc))
+            mb.add(s(("rows", "c"), G.REMAPPED_ROWS, {G.REMAP_KIND: "correctable"}), int(corr))
+            mb.add(s(("rows", "u"), G.REMAPPED_ROWS, {G.REMAP_KIND: "uncorrectable"}), int(unc))
             mb.add(s("rmpending", G.REMAP_PENDING), int(rpending))
             mb.add(s("rmfailure", G.REMAP_FAILURE), int(rfailure))
             degraded |= bool(rpending)
@@ -338,7 +338,7 @@ class NvmlReceiver(Receiver):
                                        ("receive", nv.NVML_PCIE_UTIL_RX_BYTES)):
                 kbps = call(gpu, "pcie_throughput", nv.nvmlDeviceGetPcieThroughput, counter)
                 if kbps is not None:
-                    mb.add(s(("pcie", direction), G.PCIE_THROUGHPUT, {str(G.NETWORK_IO_DIRECTION): direction}),
+                    mb.add(s(("pcie", direction), G.PCIE_THROUGHPUT, {G.NETWORK_IO_DIRECTION: direction}),
                            int(kbps) * 1024)
         if nvlink and gpu.nvlinks:
             self._poll_nvlink(gpu, mb)
@@ -353,12 +353,12 @@ class NvmlReceiver(Receiver):
             state = self._call(gpu, "nvlink", nv.nvmlDeviceGetNvLinkState, link)
             if state is None:
                 return  # lost, or NVLink stopped answering (logged once)
-            mb.add(s(("nvl", link), G.NVLINK_STATE, {str(G.NVLINK_LINK): link}), int(state))
+            mb.add(s(("nvl", link), G.NVLINK_STATE, {G.NVLINK_LINK: link}), int(state))
             for name, counter in types:
                 n = self._call(gpu, f"nvlink {name} errors", nv.nvmlDeviceGetNvLinkErrorCounter, link, counter)
                 if n is not None:
-                    mb.add(s(("nvle", link, name), G.NVLINK_ERRORS, {str(G.NVLINK_LINK): link,
-                                                                     str(G.ERROR_TYPE): name}), int(n))
+                    mb.add(s(("nvle", link, name), G.NVLINK_ERRORS, {G.NVLINK_LINK: link,
+                                                                     G.ERROR_TYPE: name}), int(n))
 
     def _poll_processes(self, gpu: _Gpu, mb: MetricsBuilder) -> None:
         nv = self.backend
@@ -368,7 +368,7 @@ class NvmlReceiver(Receiver):
             for p in procs or ():
                 used = p.usedGpuMemory
                 mb.record(G.PROCESS_MEMORY, int(used) if used is not None else 0, gpu.attrs,
-                          {str(PROCESS_PID): int(p.pid), str(G.PROCESS_TYPE): ptype})
+                          {PROCESS_PID: int(p.pid), G.PROCESS_TYPE: ptype})
 
     def _poll_loop(self) -> None:
         run_polling(self.host, self.config.interval_s, self._stop, self.poll)
@@ -418,15 +418,15 @@ class NvmlReceiver(Receiver):
             gpu = None
         if gpu is None and len(by_uuid) == 1:
             gpu = next(iter(by_uuid.values()))
-        identity = gpu.identity if gpu is not None else {str(HW_TYPE): "gpu"}
+        identity = gpu.identity if gpu is not None else {HW_TYPE: "gpu"}
         if gpu is not None:
             with self._lock:
                 gpu.xid_counts[code] = gpu.xid_counts.get(code, 0) + 1
         lb = LogsBuilder(self._resource, scope=_SCOPE)
-        body = {"code": code, "gpu_index": identity.get(str(GPU_INDEX)), "uuid": identity.get(str(HW_ID)),
-                "pci_bus_id": identity.get(str(GPU_PCI_BUS_ID)), "time_unix": time_ns / 1e9, "source": "nvml",
+        body = {"code": code, "gpu_index": identity.get(GPU_INDEX), "uuid": identity.get(HW_ID),
+                "pci_bus_id": identity.get(GPU_PCI_BUS_ID), "time_unix": time_ns / 1e9, "source": "nvml",
                 "pid": None, "message": G.XID_MEANING.get(code, "")}
-        lb.event(G.XID_EVENT, body, identity, {str(G.XID_CODE): code, str(G.XID_SOURCE): "nvml"}, time_ns=time_ns,
+        lb.event(G.XID_EVENT, body, identity, {G.XID_CODE: code, G.XID_SOURCE: "nvml"}, time_ns=time_ns,
                  severity=LogsBuilder.ERROR)
         _logger.warning("%s: XID %d on GPU %s (%s)%s", self.host.component_id, code, body["gpu_index"],
                         body["pci_bus_id"], f": {body['message']}" if body["message"] else "")

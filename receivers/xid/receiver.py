@@ -36,7 +36,7 @@ _KMSG = "/dev/kmsg"
 class XidReceiver(Receiver):
     def __init__(self, config: XidReceiverConfig, host: ComponentHost):
         super().__init__(config, host)
-        self._resource = attributes({str(HOST_NAME): config.host_name or socket.gethostname()})
+        self._resource = attributes({HOST_NAME: config.host_name or socket.gethostname()})
         self.gpus: dict[tuple[int, int, int], dict[str, Any]] = {}  # (domain, bus, device) -> identity
         self.path = ""
         self.backend: Any = None
@@ -80,17 +80,17 @@ class XidReceiver(Receiver):
                         h = nv.nvmlDeviceGetHandleByIndex(index)
                         pci = _text(nv.nvmlDeviceGetPciInfo(h).busId)
                         self.gpus[pci_key(pci)[:3]] = {
-                            str(GPU_INDEX): index, str(HW_ID): _text(nv.nvmlDeviceGetUUID(h)),
-                            str(GPU_PCI_BUS_ID): pci, str(HW_MODEL): _text(nv.nvmlDeviceGetName(h)),
-                            str(HW_VENDOR): "NVIDIA", str(HW_TYPE): "gpu"}
+                            GPU_INDEX: index, HW_ID: _text(nv.nvmlDeviceGetUUID(h)),
+                            GPU_PCI_BUS_ID: pci, HW_MODEL: _text(nv.nvmlDeviceGetName(h)),
+                            HW_VENDOR: "NVIDIA", HW_TYPE: "gpu"}
                 except Exception as exc:  # noqa: BLE001 - no driver here: PCI ids (and gpu_map) are what we have
                     self.host.log_once("nvml", logging.INFO, "%s: NVML not available (%s); GPUs are named by PCI bus "
                                        "id%s", cid, exc, " and gpu_map" if cfg.gpu_map else " only (set gpu_map to "
                                        "add indices)")
         for bus_id, index in cfg.gpu_map.items():
             key = pci_key(bus_id)
-            ident = self.gpus.setdefault(key[:3], {str(GPU_PCI_BUS_ID): pci_text(key), str(HW_TYPE): "gpu"})
-            ident[str(GPU_INDEX)] = index
+            ident = self.gpus.setdefault(key[:3], {GPU_PCI_BUS_ID: pci_text(key), HW_TYPE: "gpu"})
+            ident[GPU_INDEX] = index
 
     def _load_backend(self) -> Any:
         self.backend = backends.load("nvml", self.config.backend, scenario=self.config.scenario or None)
@@ -189,12 +189,12 @@ class XidReceiver(Receiver):
             time_ns = int((time.time() - time.monotonic()) * 1e9) + xid.monotonic_us * 1000
             if not 0 < now_ns - time_ns < 30 * 86400 * 10**9:
                 time_ns = now_ns
-        identity = dict(self.gpus.get(pci_key(xid.pci)[:3]) or {str(GPU_PCI_BUS_ID): xid.pci, str(HW_TYPE): "gpu"})
-        extra: dict[str, Any] = {str(G.XID_CODE): xid.code, str(G.XID_SOURCE): "kmsg"}
+        identity = dict(self.gpus.get(pci_key(xid.pci)[:3]) or {GPU_PCI_BUS_ID: xid.pci, HW_TYPE: "gpu"})
+        extra: dict[str, Any] = {G.XID_CODE: xid.code, G.XID_SOURCE: "kmsg"}
         if xid.pid is not None:
-            extra[str(PROCESS_PID)] = xid.pid
-        body = {"code": xid.code, "gpu_index": identity.get(str(GPU_INDEX)), "uuid": identity.get(str(HW_ID)),
-                "pci_bus_id": identity[str(GPU_PCI_BUS_ID)], "time_unix": time_ns / 1e9, "source": "kmsg",
+            extra[PROCESS_PID] = xid.pid
+        body = {"code": xid.code, "gpu_index": identity.get(GPU_INDEX), "uuid": identity.get(HW_ID),
+                "pci_bus_id": identity[GPU_PCI_BUS_ID], "time_unix": time_ns / 1e9, "source": "kmsg",
                 "pid": xid.pid, "message": xid.message or G.XID_MEANING.get(xid.code, "")}
         lb = LogsBuilder(self._resource, scope=_SCOPE)
         lb.event(G.XID_EVENT, body, identity, extra, time_ns=time_ns, observed_time_ns=now_ns,

@@ -40,8 +40,8 @@ _GOODPUT = failure_schema.GOODPUT_EVENT.name
 _DEVICE = health_schema.STATE_CHANGE_EVENT.name
 _RESTART = training_schema.RESTART_EVENT.name
 _EVENTS = (_FAILURE, _GOODPUT, _DEVICE, _RESTART)
-_JOB, _HOST, _RANK, _WORLD = (str(identity.JOB_ID), str(identity.HOST_NAME), str(identity.RANK),
-                              str(identity.WORLD_SIZE))
+_JOB, _HOST, _RANK, _WORLD = (identity.JOB_ID, identity.HOST_NAME, identity.RANK,
+                              identity.WORLD_SIZE)
 _IDENTITY_KEYS = frozenset((_JOB, _HOST, _RANK, _WORLD))
 _MAX_BATCH = 500  # records per transaction
 _KNOWN_MAX = 1_000_000  # (job, rank) / (job, host) pairs remembered as written
