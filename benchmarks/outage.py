@@ -52,6 +52,7 @@ from otel_gpu.testing.otlp_sink import OtlpSink  # noqa: E402
 
 __all__ = ["collector_config", "run_outage", "send_load"]
 
+FORWARDER = "outage-forwarder-token"  # the relay trusts the load generator as a forwarder
 TRACE_METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 LOGS_METHOD = "/opentelemetry.proto.collector.logs.v1.LogsService/Export"
 FAILURE_EVENT = "otel_gpu.failure"
@@ -62,7 +63,8 @@ def collector_config(recv_port: int, sink_port: int, queue_dir: Path, *, max_siz
     """A pass-through collector whose otlp exporter keeps its queue under ``queue_dir``."""
     return f"""
 receivers:
-  otlp: {{grpc: {{endpoint: "127.0.0.1:{recv_port}"}}, http: null}}
+  # The load carries failure records, which a collector takes only from a trusted forwarder (docs/security.md).
+  otlp: {{grpc: {{endpoint: "127.0.0.1:{recv_port}"}}, http: null, trusted_forwarders: {{bearer_token: {FORWARDER}}}}}
 exporters:
   otlp:
     endpoint: "127.0.0.1:{sink_port}"
@@ -136,7 +138,7 @@ def send_load(endpoint: str, duration_s: float, rate_hz: float, spans_per_reques
                 for _ in range(50):
                     t0 = time.monotonic()
                     try:
-                        call(body, timeout=5)
+                        call(body, timeout=5, metadata=(("authorization", f"Bearer {FORWARDER}"),))
                         break
                     except grpc.RpcError:
                         sent["client_retries"] += 1
