@@ -137,7 +137,7 @@ def test_the_rank_gpu_is_found_by_uuid_before_pid_and_index():
 
 
 def test_the_interfaces_a_rank_names_are_parsed_as_nccl_and_gloo_write_them():
-    from otel_gpu.processors.attribution.processor import _ifaces
+    from otel_gpu.processors.attribution._decode import _ifaces
     assert _ifaces("eth0") == frozenset({"eth0"})
     assert _ifaces("=mlx5_0:1,mlx5_1") == frozenset({"mlx5_0", "mlx5_1"})
     assert _ifaces(["ib0", " eth2 "]) == frozenset({"ib0", "eth2"})

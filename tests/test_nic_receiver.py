@@ -246,7 +246,7 @@ def test_attribution_reads_the_nic_names_hw_errors_split_by_hw_type(fs):
     seen_nic, seen_gpu = [], []
     proc.engine.observe_nic = seen_nic.append
     proc.engine.observe_gpu = seen_gpu.append
-    proc._metrics(ExportMetricsServiceRequest.FromString(request.SerializeToString()), time.time())
+    proc.decoder.metrics(ExportMetricsServiceRequest.FromString(request.SerializeToString()), time.time())
     ports = {s.port: s for s in seen_nic}
     assert ports["mlx5_0/1"].up is True and ports["mlx5_0/1"].counters["symbol_error"] == 7
     assert ports["mlx5_1/1"].up is False and ports["eth0"].up is True

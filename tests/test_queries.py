@@ -72,7 +72,7 @@ def exported_failure_span_attributes() -> set[str]:
     """The attribute keys on the otel_gpu.failure span the attribution processor exports for a revised record whose
     culprit is fully known, built by the processor's own code."""
     pytest.importorskip("otel_gpu.processors.attribution")
-    from otel_gpu.processors.attribution import processor as attribution
+    from otel_gpu.processors.attribution import _encode as attribution
     from otel_gpu.failure import Culprit, FailureRecord
 
     record = FailureRecord(kind=F.Kind.HANG, root_cause=F.RootCause.RANK_NOT_IN_COLLECTIVE, job_id="job-1",
@@ -81,10 +81,10 @@ def exported_failure_span_attributes() -> set[str]:
                            details={"xid": 79})
     # A revision carries the revision-only attributes too (withdrawn, the root cause it replaced).
     record.version, record.withdrawn, record.previous_root_cause = 2, True, F.RootCause.UNKNOWN.value
-    request = attribution._failure_spans(record)
+    request = attribution.failure_spans(record)
     (span,) = [s for rs in request.resource_spans for ss in rs.scope_spans for s in ss.spans]
     assert span.name == F.FAILURE_SPAN.name
-    tagged = {kv.key for kv in attribution._failure_kvs(record)}  # what step/collective spans get while it lasts
+    tagged = {kv.key for kv in attribution.failure_kvs(record)}  # what step/collective spans get while it lasts
     assert tagged == {kv.key for kv in span.attributes}
     return {kv.key for kv in span.attributes}
 

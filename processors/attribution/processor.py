@@ -1,142 +1,31 @@
-"""The ``attribution`` processor: decodes what flows through the collector into observations for the engine, runs the
-engine on a clock, and emits failure records as a failure span, a failure event (for the store and log backends) and
-a failures counter, each into the pipelines of that signal that follow this processor.
+"""The ``attribution`` processor: decodes what flows through the collector into observations for the engine
+(``_decode``), runs the engine on a clock, and emits failure records (``_encode``) as a failure span, a failure event
+(for the store and log backends) and a failures counter, each into the pipelines of that signal that follow it.
 
 Batches pass through unchanged, except spans of a rank under an active slowdown or hang, which get the record's
 ``failure.*`` attributes (so that a Jaeger/Tempo query for ``failure.kind=slowdown`` finds the slow steps).
 """
 from __future__ import annotations
 
-import datetime
 import logging
-import os
 import threading
 import time
-from typing import Any
 
-from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 
 from otel_gpu.component import DEVICE_HEALTH, FAILURE_HISTORY, Processor
-from otel_gpu.otlp_build import LogsBuilder, MetricsBuilder, SpansBuilder, attributes, merge
-from otel_gpu.pdata import Batch, Signal, attributes_dict, body_object, number_points, point_value
-from otel_gpu.processors.attribution import _digest
+from otel_gpu.otlp_build import MetricsBuilder
+from otel_gpu.pdata import Batch, Signal, attributes_dict
+from otel_gpu.processors.attribution._decode import Decoder
+from otel_gpu.processors.attribution._encode import SCOPE, failure_kvs, failure_logs, failure_spans, stuck_spans
 from otel_gpu.processors.attribution._engine import Engine
-from otel_gpu.processors.attribution._metric_memo import MetricMemo
-from otel_gpu.processors.attribution._observations import (ExceptionSeen, ExitSeen, GpuSample, Heartbeat, Identity,
-                                                           Inflight, NicSample, SpanSeen, Stacks, StateSeen, StepSeen,
-                                                           XidSeen)
 from otel_gpu.failure import FailureRecord
 from otel_gpu.schema import failure as F
-from otel_gpu.schema import gpu as G
 from otel_gpu.schema import identity as I
-from otel_gpu.schema import nic as N
-from otel_gpu.schema import training as T
 
 __all__ = ["AttributionProcessor"]
 
 _logger = logging.getLogger(__name__)
-_SCOPE = "otel_gpu.processors.attribution"
-
-_SPAN_KINDS = {T.DATA_SPAN.name: "data", T.CKPT_SAVE_SPAN.name: "checkpoint_save",
-               T.CKPT_LOAD_SPAN.name: "checkpoint_load"}
-_TRAINING_EVENTS = {T.PROGRESS_EVENT.name, T.STACKS_EVENT.name, T.EXCEPTION_EVENT.name, T.EXIT_EVENT.name,
-                    T.SIGNAL_EVENT.name, T.STATE_EVENT.name}
-_DIGEST = T.NODE_DIGEST_EVENT.name
-_GPU_COUNTERS = {G.REMAP_FAILURE.name: "row_remap_failure", G.PCIE_REPLAY.name: "pcie_replay",
-                 G.NVLINK_ERRORS.name: "nvlink_errors", G.XID_ERRORS.name: "xid"}
-_NIC_ERRORS = {N.IB_ERRORS.name, N.ETH_ERRORS.name}
-_NIC_UP = {N.IB_UP.name, N.ETH_UP.name}
-# The instrumentation says where an in-flight operation was seen; the engine needs only what it is.
-_INFLIGHT_KINDS = {"collective": "collective", "wait": "collective", "flight_recorder": "collective",
-                   "p2p": "collective", "data": "data", "checkpoint": "checkpoint"}
-
-
-def _int(v: Any) -> int | None:
-    try:
-        return int(v) if v is not None and v != "" else None
-    except (TypeError, ValueError, OverflowError):  # OverflowError: int(inf) from a double attribute
-        return None
-
-
-def _identity(res: dict[str, Any]) -> Identity | None:
-    job, rank = res.get(I.JOB_ID), _int(res.get(I.RANK))
-    if job is None or rank is None:
-        return None
-    gpu = res.get(I.GPU_INDEX)
-    uuid = res.get(I.GPU_UUID)
-    return Identity(job_id=str(job), rank=rank, host=_text(res.get(I.HOST_NAME)), pid=_int(res.get(I.PROCESS_PID)),
-                    local_rank=_int(res.get(I.LOCAL_RANK)), world_size=_int(res.get(I.WORLD_SIZE)),
-                    gpu=None if gpu is None else str(gpu), restart_count=_int(res.get(I.RESTART_COUNT)) or 0,
-                    gpu_uuid=str(uuid) if uuid else None, net_ifaces=_ifaces(res.get(NET_INTERFACES)),
-                    started=_iso_seconds(res.get(I.PROCESS_CREATION_TIME)))
-
-
-def _iso_seconds(value: Any) -> float | None:
-    """An ISO 8601 time (``process.creation.time``) as unix seconds; None when absent or not a time.
-
-    >>> _iso_seconds("2026-12-03T21:40:00.250Z"), _iso_seconds("yesterday"), _iso_seconds(None)
-    (1796334000.25, None, None)
-    """
-    if not isinstance(value, str):
-        return None
-    try:
-        t = datetime.datetime.fromisoformat(value)
-    except ValueError:
-        return None
-    return (t if t.tzinfo else t.replace(tzinfo=datetime.timezone.utc)).timestamp()
-
-
-#: The network interfaces / HCAs a rank communicates over: only their ports can be network evidence for the job;
-#: without it, the ports that were up when the job started.
-NET_INTERFACES = I.NET_INTERFACES
-
-
-def _text(value: Any) -> str | None:
-    """A string attribute as text (hostile input: a list or a number where a name belongs must not break lookups)."""
-    return None if value is None else (value if isinstance(value, str) else str(value))
-
-
-def _ifaces(value: Any) -> frozenset[str] | None:
-    """Interface names from an attribute: "eth0,ib0", ["mlx5_0:1", "mlx5_1"], NCCL's "=mlx5_0" (exact) prefix; a
-    port suffix ":1" is dropped (ports are matched by device); "^..." (exclusions) tells nothing usable."""
-    if not value:
-        return None
-    items = value if isinstance(value, list) else str(value).split(",")
-    out = set()
-    for item in items:
-        name = str(item).strip().lstrip("=")
-        if not name or name.startswith("^"):
-            continue
-        out.add(name.split(":", 1)[0])
-    return frozenset(out) or None
-
-
-class _ResourceView:
-    """A resource's decoded attributes and, computed on first use, its rank identity (see ``_view``)."""
-
-    __slots__ = ("attrs", "_who", "_done")
-
-    def __init__(self, attrs: dict[str, Any]):
-        self.attrs = attrs
-        self._who: Identity | None = None
-        self._done = False
-
-    def identity(self) -> Identity | None:
-        if not self._done:
-            self._who = _identity(self.attrs)  # may raise on hostile input: then nothing is cached, as before
-            self._done = True
-        return self._who
-
-
-_VIEW_CACHE_MAX = 65536  # distinct resources remembered (one per rank process, plus the nodes' receivers)
-_VIEW_KEY_MAX = 4096  # bytes; a rank's resource is a few hundred
-
-
-def _seconds(nanos: int) -> float:
-    return nanos / 1e9
 
 
 class AttributionProcessor(Processor):
@@ -152,8 +41,7 @@ class AttributionProcessor(Processor):
         self._records: list[FailureRecord] = []  # everything reported, newest last (bounded)
         self._tagging: dict[str, FailureRecord] = {}  # job -> the hang or slowdown its spans are tagged with
         self._clock = time.time
-        self._views: dict[bytes, _ResourceView] = {}
-        self._metric_memo = MetricMemo()
+        self.decoder = Decoder(self.engine, config, host, lambda: self._clock())
         self._started_ns = time.time_ns()  # the start of the failures counter (a cumulative sum)
 
     # -- lifecycle -----------------------------------------------------------------------------------------------------
@@ -207,253 +95,18 @@ class AttributionProcessor(Processor):
         now = self._clock()
         with self._lock:
             if batch.signal is Signal.LOGS:
-                self._logs(batch.message, now)
+                self.decoder.logs(batch.message, now)
             elif batch.signal is Signal.METRICS:
-                self._metrics(batch.message, now)
+                self.decoder.metrics(batch.message, now)
             else:
-                if self._spans(batch.message, now) and self._tagging:
+                if self.decoder.spans(batch.message, now) and self._tagging:
                     self._tag(batch)
             if self.engine.incident_opened:
                 self.engine.incident_opened = False
                 self._wake.set()
         return batch
 
-    def _view(self, resource) -> _ResourceView:
-        """Performance (aggregator scale, benchmarks/aggregator_scale.py): every request of a rank carries the same
-        resource; decoding its attributes and building its Identity once per distinct resource, not once per request,
-        was the largest per-request cost of an aggregator, and one shared Identity per rank keeps memory small."""
-        key = resource.SerializeToString()
-        view = self._views.get(key)
-        if view is None:
-            view = _ResourceView(attributes_dict(resource.attributes))
-            if len(key) <= _VIEW_KEY_MAX:  # a huge (hostile) resource is decoded each time, never kept
-                if len(self._views) >= _VIEW_CACHE_MAX:
-                    self._views.clear()
-                self._views[key] = view
-        return view
 
-    def _logs(self, request: ExportLogsServiceRequest, now: float) -> None:
-        for rl in request.resource_logs:
-            view = None
-            for sl in rl.scope_logs:
-                for record in sl.log_records:
-                    name = record.event_name
-                    if not name:
-                        continue
-                    if name == G.XID_EVENT.name:
-                        view = view if view is not None else self._view(rl.resource)
-                        self._xid(record, view.attrs)
-                    elif name == _DIGEST:
-                        view = view if view is not None else self._view(rl.resource)
-                        try:
-                            body = body_object(record)
-                            if isinstance(body, dict):
-                                _digest.observe_digest(self.engine, view.attrs, body, now, _identity)
-                        except (TypeError, ValueError, AttributeError, OverflowError, RecursionError, KeyError,
-                                IndexError) as exc:
-                            self.host.log_once(("malformed", name), logging.WARNING, "attribution: a malformed %s "
-                                               "event was skipped (%s; logged once)", name, exc)
-                    elif name in _TRAINING_EVENTS:
-                        view = view if view is not None else self._view(rl.resource)
-                        try:
-                            self._training_event(name, record, view.attrs, now, view)
-                        # Hostile input (fuzzing): a body of the wrong shape or types skips that record only.
-                        except (TypeError, ValueError, AttributeError, OverflowError, RecursionError) as exc:
-                            self.host.log_once(("malformed", name), logging.WARNING, "attribution: a malformed %s "
-                                               "event was skipped (%s; logged once)", name, exc)
-
-    def _training_event(self, name: str, record, res: dict[str, Any], now: float,
-                        view: _ResourceView | None = None) -> None:
-        attrs = attributes_dict(record.attributes)
-        if view is not None and I.JOB_ID not in attrs and I.RANK not in attrs:
-            who = view.identity()  # the usual case: the resource alone names the rank
-        else:
-            merged = {**res, **{k: v for k, v in attrs.items() if k in (I.JOB_ID, I.RANK)}}
-            who = _identity(merged)
-        if who is None:
-            return
-        t = _seconds(record.time_unix_nano or record.observed_time_unix_nano) or now
-        body = body_object(record) or {}
-        if name == T.PROGRESS_EVENT.name:
-            inflight = body.get("inflight")
-            infl = None
-            if isinstance(inflight, dict) and inflight.get("since") is not None:
-                infl = Inflight(kind=_INFLIGHT_KINDS.get(str(inflight.get("kind")), str(inflight.get("kind"))),
-                                op=inflight.get("op"),
-                                pg=None if inflight.get("pg") is None else str(inflight.get("pg")),
-                                seq=_int(inflight.get("seq")), since=float(inflight["since"]),
-                                bytes=_int(inflight.get("bytes")),
-                                p2p=bool(inflight.get("p2p")) or inflight.get("kind") == "p2p")
-            self.engine.observe_heartbeat(Heartbeat(
-                who, t, _int(body.get("step")), body.get("state"), infl,
-                {str(k): int(v) for k, v in (body.get("last_seq") or {}).items()},
-                {str(k): int(v) for k, v in (body.get("last_started_seq") or {}).items()},
-                body.get("stack_top") or body.get("user_top"), _float(body.get("stalled_s")),
-                _int(counters.get("steps")) if isinstance(counters := body.get("counters"), dict) else None), now)
-        elif name == T.STACKS_EVENT.name:
-            frames: list[dict] = []
-            for thread in body.get("threads") or []:
-                if thread.get("main"):
-                    frames = list(thread.get("frames") or [])
-            self.engine.observe_stacks(Stacks(who, t, body.get("top"), frames), now)
-        elif name == T.EXCEPTION_EVENT.name:
-            self.engine.observe_exception(ExceptionSeen(
-                who, t, str(attrs.get(T.EXC_TYPE, "?")), str(attrs.get(T.EXC_MESSAGE, "")),
-                attrs.get(T.EXC_HINT), str(attrs.get(T.EXC_STACK, "")),
-                thread=None if attrs.get(T.THREAD_NAME) is None else str(attrs.get(T.THREAD_NAME))), now)
-        elif name == T.EXIT_EVENT.name:
-            signal_name = attrs.get(T.EXIT_SIGNAL)
-            how = attrs.get(T.EXIT_HOW) or body.get("how")
-            self.engine.observe_exit(ExitSeen(who, t, _int(attrs.get(T.EXIT_CODE)), signal_name or None,
-                                              None if how is None else str(how)), now)
-        elif name == T.STATE_EVENT.name:
-            frozen = attrs.get(T.PROCESS_FROZEN)
-            self.engine.observe_state(StateSeen(who, t, str(attrs.get(T.PROCESS_STATE, "?")),
-                                                None if not frozen else str(frozen),
-                                                str(attrs.get(T.PROCESS_WCHAN) or ""),
-                                                str(body.get("stack") or "")[:2000]), now)
-
-    def _xid(self, record, res: dict[str, Any]) -> None:
-        attrs = attributes_dict(record.attributes)
-        host = self._host(res)
-        code = _int(attrs.get(G.XID_CODE))
-        if code is None:
-            return
-        gpu = attrs.get(I.GPU_INDEX)
-        self.engine.observe_xid(XidSeen(host, None if gpu is None else str(gpu), code,
-                                        _seconds(record.time_unix_nano) or self._clock(),
-                                        attrs.get(I.GPU_PCI_BUS_ID), pid=_int(attrs.get(I.PROCESS_PID))))
-
-    def _host(self, res: dict[str, Any]) -> str:
-        return str(res.get(I.HOST_NAME) or self.config.default_host or os.uname().nodename)
-
-    def _metrics(self, request: ExportMetricsServiceRequest, now: float) -> None:
-        memo = self._metric_memo
-        for rm in request.resource_metrics:
-            host = None
-            gpus: dict[str, GpuSample] = {}
-            ports: dict[str, NicSample] = {}
-            res_key = rm.resource.SerializeToString()
-            seen_at = None  # an unchanged metric's time: its node's devices were seen then (_metric_memo)
-            for sm in rm.scope_metrics:
-                for m in sm.metrics:
-                    name = m.name
-                    gpu = name.startswith("gpu.") or name in (G.ECC_ERRORS.name,)
-                    nic = name in _NIC_ERRORS or name in _NIC_UP  # hw.errors is both the GPUs' and the NICs'
-                    if not (gpu or nic):
-                        continue
-                    host = host or self._host(self._view(rm.resource).attrs)
-                    same = memo.unchanged(res_key, m)
-                    if same is not None:
-                        seen_at = max(seen_at or 0.0, same or self._clock())
-                        continue
-                    if gpu:
-                        self._gpu_metric(host, m, gpus)
-                    if nic:
-                        self._nic_metric(host, m, ports)
-            if host is None:
-                continue
-            memo.learn(res_key, gpus, ports)
-            if seen_at is not None:
-                known_gpus, known_ports = memo.devices(res_key)
-                for key in known_gpus:
-                    if key not in gpus:
-                        gpus[key] = GpuSample(host, key, seen_at)
-                for key in known_ports:
-                    if key not in ports:
-                        ports[key] = NicSample(host, key, seen_at)
-            for sample in gpus.values():
-                self.engine.observe_gpu(sample)
-            for sample in ports.values():
-                self.engine.observe_nic(sample)
-
-    def _gpu_metric(self, host: str, m, gpus: dict[str, GpuSample]) -> None:
-        name = m.name
-        if name not in _GPU_COUNTERS and name not in (G.CLOCK_EVENT_ACTIVE.name, G.ECC_ERRORS.name,
-                                                      G.PROCESS_MEMORY.name):
-            return
-        for p in number_points(m):
-            attrs = attributes_dict(p.attributes)
-            index = attrs.get(I.GPU_INDEX)
-            if index is None:
-                continue
-            key = str(index)
-            t = _seconds(p.time_unix_nano) or self._clock()
-            sample = gpus.get(key)
-            if sample is None:
-                sample = gpus[key] = GpuSample(host, key, t, uuid=attrs.get(I.HW_ID))
-            if name == G.CLOCK_EVENT_ACTIVE.name:
-                active = set(sample.clock_events or ())
-                if point_value(p) >= 1:
-                    active.add(str(attrs.get(G.CLOCK_EVENT_REASON)))
-                sample.clock_events = frozenset(active)
-            elif name == G.ECC_ERRORS.name:
-                if attrs.get(G.ERROR_TYPE) == "uncorrected" and attrs.get(G.ECC_COUNTER) != "aggregate":
-                    sample.counters["ecc_uncorrected"] = sample.counters.get("ecc_uncorrected", 0.0) + point_value(p)
-            elif name == G.PROCESS_MEMORY.name:
-                pid = _int(attrs.get(I.PROCESS_PID))
-                if pid is not None:
-                    sample.pids = sample.pids + (pid,)
-            else:
-                counter = _GPU_COUNTERS[name]
-                sample.counters[counter] = sample.counters.get(counter, 0.0) + point_value(p)
-
-    def _nic_metric(self, host: str, m, ports: dict[str, NicSample]) -> None:
-        for p in number_points(m):
-            attrs = attributes_dict(p.attributes)
-            device = attrs.get(N.DEVICE)
-            if device is None:
-                continue
-            port_no = attrs.get(N.PORT)
-            key = f"{device}/{port_no}" if port_no is not None else str(device)
-            t = _seconds(p.time_unix_nano) or self._clock()
-            sample = ports.get(key)
-            if sample is None:
-                sample = ports[key] = NicSample(host, key, t)
-            if m.name in _NIC_UP:
-                sample.up = point_value(p) >= 1
-            else:
-                counter = attrs.get(G.ERROR_TYPE) or attrs.get(N.COUNTER)
-                if counter:
-                    sample.counters[str(counter)] = point_value(p)
-
-    def _spans(self, request: ExportTraceServiceRequest, now: float) -> bool:
-        """Feeds step, data and checkpoint spans to the engine. Collective spans are only counted per step (their
-        time is what separates a straggler's compute from its peers' waiting)."""
-        seen_training = False
-        step_name, coll_name = T.STEP_SPAN.name, T.COLLECTIVE_SPAN.name
-        for rs in request.resource_spans:
-            who = None
-            for ss in rs.scope_spans:
-                for span in ss.spans:
-                    name = span.name
-                    if name == step_name:
-                        if who is None:
-                            who = self._view(rs.resource).identity()
-                            if who is None:
-                                break
-                        seen_training = True
-                        attrs = attributes_dict(span.attributes)
-                        step = _int(attrs.get(T.STEP))
-                        if step is None:
-                            continue
-                        self.engine.observe_step(StepSeen(
-                            who, step, _seconds(span.start_time_unix_nano), _seconds(span.end_time_unix_nano),
-                            _float(attrs.get(T.STEP_COLLECTIVE_S)), _float(attrs.get(T.STEP_DATA_S)),
-                            _float(attrs.get(T.STEP_CHECKPOINT_S))), now)
-                    elif name in _SPAN_KINDS:
-                        if who is None:
-                            who = self._view(rs.resource).identity()
-                            if who is None:
-                                break
-                        seen_training = True
-                        self.engine.observe_span(SpanSeen(who, _SPAN_KINDS[name], _seconds(span.start_time_unix_nano),
-                                                          _seconds(span.end_time_unix_nano)), now)
-                    elif name == coll_name:
-                        seen_training = True
-        return seen_training
-
-    # -- output --------------------------------------------------------------------------------------------------------
     def _publish(self, record: FailureRecord) -> None:
         history = self.host.services.get(FAILURE_HISTORY)
         if history is not None and (record.version == 1 or record.previous_root_cause is not None):
@@ -479,11 +132,11 @@ class AttributionProcessor(Processor):
                         record.root_cause.value, record.category.value, record.job_id,
                         record.culprit.rank, record.summary)
         if self.host.has_consumer(Signal.TRACES):
-            self.host.emit(Batch.from_message(Signal.TRACES, _failure_spans(record)))
+            self.host.emit(Batch.from_message(Signal.TRACES, failure_spans(record)))
             if record.details.get("waiting"):
-                self.host.emit(Batch.from_message(Signal.TRACES, _stuck_spans(record)))
+                self.host.emit(Batch.from_message(Signal.TRACES, stuck_spans(record)))
         if self.host.has_consumer(Signal.LOGS):
-            self.host.emit(Batch.from_message(Signal.LOGS, _failure_logs(record)))
+            self.host.emit(Batch.from_message(Signal.LOGS, failure_logs(record)))
         if self.host.has_consumer(Signal.METRICS):
             self.host.emit(Batch.from_message(Signal.METRICS, self._failure_metrics()))
 
@@ -520,7 +173,7 @@ class AttributionProcessor(Processor):
                     continue
                 key = (r.job_id, r.kind.value, r.root_cause.value, r.category.value)
                 counts[key] = counts.get(key, 0) + 1
-        mb = MetricsBuilder(scope=_SCOPE, start_time_ns=self._started_ns)
+        mb = MetricsBuilder(scope=SCOPE, start_time_ns=self._started_ns)
         for (job, kind, cause, category), n in counts.items():
             mb.record(F.FAILURES, n, {I.JOB_ID: job, F.KIND: kind, F.ROOT_CAUSE: cause,
                                       F.CATEGORY: category})
@@ -546,76 +199,10 @@ class AttributionProcessor(Processor):
             return
         request = batch.mutable()
         for i, record in targets:
-            kvs = _failure_kvs(record)
+            kvs = failure_kvs(record)
             onset_ns = int(record.onset_time * 1e9)
             for ss in request.resource_spans[i].scope_spans:
                 for span in ss.spans:
                     if span.end_time_unix_nano >= onset_ns:
                         span.attributes.extend(kvs)
 
-
-def _float(v: Any) -> float | None:
-    try:
-        return float(v) if v is not None else None
-    except (TypeError, ValueError):
-        return None
-
-
-def _failure_kvs(record: FailureRecord) -> list[KeyValue]:
-    pairs: list[tuple[str, Any]] = [
-        (F.KIND, record.kind.value), (F.ROOT_CAUSE, record.root_cause.value),
-        (F.CATEGORY, record.category.value), (F.ACTION, record.action.value),
-        (F.AUTO_REMEDIABLE, bool(record.auto_remediable)), (F.JOB_ID, record.job_id),
-        (F.ONSET_TIME, float(record.onset_time)), (F.DETECTED_TIME, float(record.detected_time)),
-        (F.CONFIDENCE, float(record.confidence)), (F.EVIDENCE, list(record.evidence)),
-        (F.SIGNATURE, record.signature), (F.RECURRENCE, int(record.recurrence)),
-        (F.FAILURE_ID, record.failure_id), (F.VERSION, int(record.version))]
-    if record.withdrawn:
-        pairs.append((F.WITHDRAWN, True))
-    if record.previous_root_cause is not None:
-        pairs.append((F.PREVIOUS_ROOT_CAUSE, record.previous_root_cause))
-    if record.culprit.rank is not None:
-        pairs.append((F.CULPRIT_RANK, int(record.culprit.rank)))
-    if record.culprit.host is not None:
-        pairs.append((F.CULPRIT_HOST, record.culprit.host))
-    if record.culprit.gpu is not None:
-        pairs.append((F.CULPRIT_GPU, str(record.culprit.gpu)))
-    if record.details.get("xid") is not None:
-        pairs.append((F.XID, int(record.details["xid"])))
-    return attributes(dict(pairs))
-
-
-def _resource(record: FailureRecord) -> dict[str, Any]:
-    return {I.SERVICE_NAME: "otel-gpu", I.JOB_ID: record.job_id}
-
-
-def _failure_spans(record: FailureRecord) -> ExportTraceServiceRequest:
-    sb = SpansBuilder(_resource(record), scope=_SCOPE)
-    sb.span(F.FAILURE_SPAN, int(record.onset_time * 1e9), int(max(record.detected_time, record.onset_time) * 1e9),
-            _failure_kvs(record), status=SpansBuilder.ERROR, status_message=record.summary[:500])
-    return sb.build()
-
-
-def _stuck_spans(record: FailureRecord) -> ExportTraceServiceRequest:
-    """One ``otel_gpu.collective`` span per rank that waits in the hung collective, from when it entered it to the
-    detection, tagged with the failure: the collective never completes, so no other span would show it."""
-    kvs = _failure_kvs(record)
-    requests = []
-    for w in record.details.get("waiting", []):
-        resource = {**_resource(record), I.RANK: int(w["rank"])}
-        if w.get("host"):
-            resource[I.HOST_NAME] = w["host"]
-        sb = SpansBuilder(resource, scope=_SCOPE)
-        where = {str(key): value for key, value in ((T.COLL_OP, w.get("op")), (T.COLL_PG, w.get("pg")),
-                                                    (T.COLL_SEQ, w.get("seq"))) if value is not None}
-        sb.span(T.COLLECTIVE_SPAN, int(w["since"] * 1e9), int(max(record.detected_time, w["since"]) * 1e9), where,
-                kvs, status=SpansBuilder.ERROR, status_message="stuck: " + record.summary[:400])
-        requests.append(sb.build())
-    return merge(requests) or ExportTraceServiceRequest()
-
-
-def _failure_logs(record: FailureRecord) -> ExportLogsServiceRequest:
-    lb = LogsBuilder(_resource(record), scope=_SCOPE)
-    lb.event(F.FAILURE_EVENT, record.to_json(), _failure_kvs(record), time_ns=int(record.detected_time * 1e9),
-             severity=LogsBuilder.ERROR)
-    return lb.build()
