@@ -199,6 +199,15 @@ def _text(value: Any, key: str, optional: bool = False) -> str | None:
     return value
 
 
+def _object(value: Any, key: str) -> Mapping[str, Any]:
+    """An optional JSON object: ``{}`` for null or missing."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise UnreadableRecord(key, f"must be an object (got {_shown(value)})")
+    return value
+
+
 def _enum(cls: type[enum.Enum], value: Any, key: str) -> Any:
     try:
         return cls(value)
@@ -284,11 +293,7 @@ def from_json(data: str | bytes | Mapping[str, Any]) -> FailureRecord:
     confidence = _finite(need("confidence"), "confidence")
     if not 0.0 <= confidence <= 1.0:
         raise UnreadableRecord("confidence", f"must be within 0..1 (got {confidence})")
-    culprit_data = get("culprit")
-    if culprit_data is None:
-        culprit_data = {}
-    if not isinstance(culprit_data, Mapping):
-        raise UnreadableRecord("culprit", f"must be an object (got {_shown(culprit_data)})")
+    culprit_data = _object(get("culprit"), "culprit")
     rank = culprit_data.get("rank")
     rank = None if rank is None else _plain_int(rank, "culprit.rank")
     host = _text(culprit_data.get("host"), "culprit.host", optional=True)
@@ -318,12 +323,7 @@ def from_json(data: str | bytes | Mapping[str, Any]) -> FailureRecord:
     auto = get("auto_remediable")
     if auto is not None and not isinstance(auto, bool):
         raise UnreadableRecord("auto_remediable", f"must be true, false or null (got {_shown(auto)})")
-    details = get("details")
-    if details is None:
-        details = {}
-    if not isinstance(details, Mapping):
-        raise UnreadableRecord("details", f"must be an object (got {_shown(details)})")
-    details = dict(details)
+    details = dict(_object(get("details"), "details"))
     for legacy in ("xid", "withdrawn_reason"):  # the store's older records carry these at the top
         if get(legacy) is not None and legacy not in details:
             details[legacy] = get(legacy)
