@@ -8,6 +8,7 @@ holds every batch in memory until told to let go: the stand-in for a pipeline th
 from __future__ import annotations
 
 import http.client
+import mmap
 import threading
 import time
 from dataclasses import dataclass
@@ -31,6 +32,16 @@ from otel_gpu.processors.memory_limiter import rss_bytes
 MIB = 1024 * 1024
 TRACE_METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 
+
+
+def _ballast(mib: int) -> mmap.mmap:
+    """``mib`` MiB of fresh resident memory (an anonymous mapping, every page touched), returned to the system when
+    dropped. A bytearray can land in heap pages that earlier tests freed but the process still holds: then RSS does
+    not rise and the limit is never reached (a fresh CI venv saw it once)."""
+    ballast = mmap.mmap(-1, mib * MIB)
+    for i in range(0, mib * MIB, mmap.PAGESIZE):
+        ballast[i] = 1
+    return ballast
 
 def trace_request(payload_bytes: int, tag: int = 0) -> bytes:
     span = trace_pb2.Span(trace_id=bytes([1 + tag % 250]) * 16, span_id=bytes([2]) * 8, name=f"big-{tag}",
@@ -222,12 +233,9 @@ def test_our_exporter_honours_the_retry_hint_and_loses_nothing():
         "sending_queue": {"queue_size": 100, "num_consumers": 2}}, "exporters.otlp")
     sender = otlp_exporter.create(cfg, ComponentHost("otlp/out", sender_telemetry))
     sender.start()
-    ballast = None
+    # Memory held elsewhere in the process (64 MiB, touched) puts the collector over its soft limit.
+    ballast = _ballast(64)
     try:
-        # Memory held elsewhere in the process (64 MiB, touched) puts the collector over its soft limit.
-        ballast = bytearray(64 * MIB)
-        for i in range(0, len(ballast), 4096):
-            ballast[i] = 1
         deadline = time.monotonic() + 10
         while not limiter.limited and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -237,7 +245,7 @@ def test_our_exporter_honours_the_retry_hint_and_loses_nothing():
         time.sleep(1.5)  # the sender tries, is refused, waits the hinted 2 s
         refused = collector.telemetry.value("otel_gpu.collector.refused", "otlp", Signal.TRACES)
         assert refused >= 1 and len(hold.held) == 0, (refused, len(hold.held))
-        ballast = None  # memory back under the limit
+        ballast.close()  # memory back under the limit
         deadline = time.monotonic() + 30
         while len(hold.held) < 20 and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -246,6 +254,7 @@ def test_our_exporter_honours_the_retry_hint_and_loses_nothing():
         assert sender_telemetry.value("otel_gpu.collector.exported", "otlp/out", Signal.TRACES) == 20
         print(f"\nrefused {refused:.0f} requests while limited; delivered 20/20 after release, dropped 0")
     finally:
+        ballast.close()
         sender.shutdown(5)
         collector.shutdown()
 
@@ -317,9 +326,7 @@ def test_opentelemetry_sdk_exporter_waits_the_hint_and_delivers():
         pass
     spans = memory.get_finished_spans()
     exporter = OTLPSpanExporter(endpoint=f"127.0.0.1:{receiver.grpc_port}", insecure=True, timeout=20)
-    ballast = bytearray(64 * MIB)
-    for i in range(0, len(ballast), 4096):
-        ballast[i] = 1
+    ballast = _ballast(64)
     try:
         deadline = time.monotonic() + 10
         while not limiter.limited and time.monotonic() < deadline:
