@@ -147,6 +147,13 @@ def _restart_lines(decisions: list[dict[str, Any]]) -> list[str]:
             extras.append("backoff unreadable")
         if d.get("excluded"):
             extras.append(f"excluded {printable(d['excluded'])}")
+        if isinstance(d.get("joined"), list) and d["joined"]:
+            extras.append("spare " + ", ".join(printable(h) for h in d["joined"][:16]) + " joined")
+        if isinstance(d.get("members"), list) and d["members"] and d.get("decision") in ("restart",
+                                                                                          "exclude_and_restart"):
+            extras.append("next on " + ", ".join(printable(h) for h in d["members"][:16]))
+        if d.get("decided_by"):
+            extras.append(f"decided by {printable(d['decided_by'])}")
         if finite(d.get("time_saved_s")):
             extras.append(f"saved {format_seconds(d['time_saved_s'])} vs the backend timeout")
         if extras:

@@ -11,13 +11,17 @@ from typing import Any
 
 from otel_gpu.failure import FailureRecord, UnreadableRecord, from_json, record_id
 
-__all__ = ["VerdictClient", "VerdictUnavailable", "Verdicts", "default_url", "latest_versions"]
+__all__ = ["Refused", "VerdictClient", "VerdictUnavailable", "Verdicts", "default_url", "latest_versions"]
 
 DEFAULT_PORT = 4319  # otel_gpu.exporters.verdict.DEFAULT_PORT (not imported: run never loads the collector)
 
 
 class VerdictUnavailable(RuntimeError):
     """The verdict API did not answer (no collector, wrong port, refused, bad token)."""
+
+
+class Refused(ValueError):
+    """The jobs API did not take a registration or a proposed decision (its reason as the message)."""
 
 
 def default_url(otlp_endpoint: str | None) -> str:
@@ -76,14 +80,24 @@ class VerdictClient:
         self.timeout_s = timeout_s
         self._ssl = ssl.create_default_context(cafile=ca_file or None) if self.url.startswith("https") else None
 
-    def _get(self, path: str) -> Any:
-        req = urllib.request.Request(self.url + path, headers={"Accept": "application/json"})  # noqa: S310 - http(s) only
+    def _get(self, path: str, body: dict[str, Any] | None = None) -> Any:
+        """GET ``path`` (POST ``body`` as JSON when given). Raises VerdictUnavailable; :class:`Refused` for a
+        request the API answered 400/409 (its message says why)."""
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.url + path, data=data,  # noqa: S310 - http(s) only
+                                     headers={"Accept": "application/json", "Content-Type": "application/json"})
         if self.token:
             req.add_header("Authorization", f"Bearer {self.token}")
         try:
             with urllib.request.urlopen(req, timeout=self.timeout_s, context=self._ssl) as resp:  # noqa: S310
                 return json.loads(resp.read())
         except urllib.error.HTTPError as exc:
+            if exc.code in (400, 409) and body is not None:
+                try:
+                    why = json.loads(exc.read()).get("error")
+                except (OSError, ValueError, AttributeError):
+                    why = None
+                raise Refused(str(why or f"HTTP {exc.code}")[:500]) from None
             hint = " (check the bearer token)" if exc.code == 401 else ""
             raise VerdictUnavailable(f"{self.url}{path.split('?')[0]}: HTTP {exc.code}{hint}") from None
         except (OSError, ValueError) as exc:
@@ -128,3 +142,26 @@ class VerdictClient:
             raise VerdictUnavailable(f"{self.url}: not a devices answer")
         return [r for r in records if isinstance(r, dict) and isinstance(r.get("device_id"), str)
                 and r.get("state") == state]
+
+    # -- many nodes (otel_gpu.exporters.verdict.jobs) -------------------------------------------------------------
+    def register(self, job_id: str, host: str, rdzv_host: str, nnodes: int, min_nodes: int,
+                 rdzv_endpoint_host: str | None) -> dict[str, Any]:
+        """Joins ``host`` to the job's board; the job's state with this host's ``role``. Raises VerdictUnavailable
+        (also for a collector without the jobs API: HTTP 404/405) or Refused."""
+        return self._dict(self._get("/api/v1/jobs/register", {
+            "job_id": job_id, "host": host, "rdzv_host": rdzv_host, "nnodes": nnodes, "min_nodes": min_nodes,
+            "rdzv_endpoint_host": rdzv_endpoint_host}))
+
+    def job_state(self, job_id: str, host: str) -> dict[str, Any]:
+        """The job's membership and decisions (asking also says this host is alive)."""
+        return self._dict(self._get("/api/v1/jobs?" + urllib.parse.urlencode({"job_id": job_id, "host": host})))
+
+    def propose(self, job_id: str, generation: int, decision: dict[str, Any]) -> dict[str, Any]:
+        """Proposes the decision for ``generation``: ``{accepted, decision (the winner), state}``."""
+        return self._dict(self._get("/api/v1/jobs/decisions", {"job_id": job_id, "generation": generation,
+                                                                "decision": decision}))
+
+    def _dict(self, body: Any) -> dict[str, Any]:
+        if not isinstance(body, dict):
+            raise VerdictUnavailable(f"{self.url}: not a jobs answer")
+        return body

@@ -153,12 +153,24 @@ class DevicesPolicy:
 
 
 @dataclass
+class NodesPolicy:
+    #: Many nodes: with no spare to take an excluded node's place and torchrun's --nnodes a range (MIN:MAX), go on
+    #: with fewer nodes (never fewer than MIN). Off: stop with the diagnosis.
+    allow_shrink: bool = False
+
+    def validate(self) -> None:
+        if not isinstance(self.allow_shrink, bool):
+            raise ValueError(f"allow_shrink must be true or false (got {self.allow_shrink!r})")
+
+
+@dataclass
 class Policy:
     budget: BudgetPolicy = field(default_factory=BudgetPolicy)
     hang: HangPolicy = field(default_factory=HangPolicy)
     hooks: HooksPolicy = field(default_factory=HooksPolicy)
     verdict: VerdictPolicy = field(default_factory=VerdictPolicy)
     devices: DevicesPolicy = field(default_factory=DevicesPolicy)
+    nodes: NodesPolicy = field(default_factory=NodesPolicy)
     #: Overrides of the verdict's action, by root cause (first) or category: {gpu_xid: investigate, user: user_fix}.
     actions: dict = field(default_factory=dict)
     stop_grace_s: float = 10.0  # SIGTERM, then SIGKILL of the whole process tree after this
@@ -169,7 +181,7 @@ class Policy:
 
     def validate(self) -> None:
         problems = []
-        for name in ("budget", "hang", "hooks", "verdict", "devices"):  # defaults too: derived fields (window_s) are set here
+        for name in ("budget", "hang", "hooks", "verdict", "devices", "nodes"):  # defaults too: derived fields (window_s) are set here
             try:
                 getattr(self, name).validate()
             except ValueError as exc:
@@ -222,11 +234,11 @@ def load_policy_text(text: str, source: str = "<text>") -> Policy:
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{source}: expected a mapping (budget:, hang:, hooks:, verdict:, devices:, actions:), "
+        raise ConfigError(f"{source}: expected a mapping (budget:, hang:, hooks:, verdict:, devices:, nodes:, actions:), "
                           f"got {type(data).__name__}")
     problems: list[str] = []
     sections = {"budget": BudgetPolicy, "hang": HangPolicy, "hooks": HooksPolicy, "verdict": VerdictPolicy,
-                "devices": DevicesPolicy}
+                "devices": DevicesPolicy, "nodes": NodesPolicy}
     built: dict[str, Any] = {}
     for key, value in data.items():
         key = str(key)

@@ -12,14 +12,26 @@ from typing import Any, TextIO
 
 from otel_gpu.failure import FailureRecord, Kind, format_failure, printable
 from otel_gpu.supervisor._hooks import HookRefused, hook_fields, run_hook
+from otel_gpu.supervisor._job import EXIT_EXCLUDED, JobLink, made_for
 from otel_gpu.supervisor._proctree import become_subreaper, stop_tree
-from otel_gpu.supervisor._verdict import VerdictClient, VerdictUnavailable
+from otel_gpu.supervisor._verdict import Refused, VerdictClient, VerdictUnavailable
 from otel_gpu.supervisor.policy import Policy
 
 __all__ = ["Decision", "Supervisor"]
 
 _logger = logging.getLogger(__name__)
 _RESTARTING = ("restart", "exclude_and_restart")
+#: What a blind restart (torchrun's own) costs on top when it lands on the broken node again: its rendezvous waits
+#: for that node for torchrun's default join timeout.
+RDZV_JOIN_TIMEOUT_S = 600.0
+
+
+class _DecidedElsewhere(Exception):
+    """Another node's decision for this generation arrived while this one waited for a verdict."""
+
+    def __init__(self, decision: dict[str, Any]):
+        super().__init__("decided elsewhere")
+        self.decision = decision
 #: Exit status of ``run`` after an error of its own (EX_SOFTWARE); the job's process tree was stopped first.
 INTERNAL_ERROR = 70
 
@@ -52,6 +64,17 @@ class Decision:
     #: Drained devices excluded before this restart (policy devices.exclude_drained): {device_id, host, gpu, since,
     #: evidence, hook}.
     drained: list | None = None
+    #: Many nodes (docs/restart.md): the job-wide decision this node carried out: its generation, the nodes of the
+    #: next one, the spares that joined, the hosts that left, which node proposed it, and this node.
+    generation: int | None = None
+    members: list | None = None
+    joined: list | None = None
+    exclude_hosts: list | None = None
+    decided_by: str | None = None
+    host: str | None = None
+    #: Many nodes: the job's decision (restart, exclude_and_restart, stop, give_up, done) when this node's own part
+    #: differs from it (``decision`` leave: this node was excluded).
+    job_decision: str | None = None
 
     def line(self) -> str:
         """One line; whatever in it came from telemetry is escaped (:func:`otel_gpu.failure.printable`)."""
@@ -100,6 +123,11 @@ class Supervisor:
         self._unreadable_seen: set[str] = set()  # verdicts that do not read, said once each
         self._stop_requested: int | None = None
         self.t0 = time.time()
+        #: Many nodes (a torchrun command of more than one node): this node's link to the job's board.
+        self.job: JobLink | None = JobLink(self.client, job_id, self.local_host or "", self.cmd) if (
+            JobLink.wanted(self.cmd) and self.local_host) else None
+        self._alone = False  # many nodes but no board: never restart alone
+        self._export_decision = True
 
     # -- output ----------------------------------------------------------------------------------------------------
     def say(self, msg: str, diagnosis: str = "") -> None:
@@ -148,6 +176,10 @@ class Supervisor:
         deadline = time.monotonic() + self.policy.verdict.wait_s
         found: list[FailureRecord] | None = []
         while True:
+            if self.job is not None:
+                made = self.job.made()
+                if made is not None:
+                    raise _DecidedElsewhere(made)
             found = self._failures(since) or found
             sure = [r for r in found or [] if _key(r) not in self.reported
                     and r.confidence >= self.policy.hang.min_confidence]
@@ -217,7 +249,7 @@ class Supervisor:
         result["output"] = result["output"][-500:]
         return result
 
-    def exclude_drained(self) -> list[dict[str, Any]]:
+    def exclude_drained(self, run_hooks: bool = True) -> list[dict[str, Any]]:
         """Policy ``devices.exclude_drained``: asks the collector for drained devices on the job's hosts (all when
         unknown) and excludes each one not acted on yet: the exclude hook ({root_cause} device_drain), and with
         ``hooks.exclude_gpu`` a drained GPU of this host leaves CUDA_VISIBLE_DEVICES. Returns what was excluded
@@ -252,6 +284,9 @@ class Supervisor:
                                      "since": since, "evidence": evidence}
             self.say(f"device {device['device_id']} on {host or '?'} is drained"
                      + (f" ({'; '.join(evidence[:2])})" if evidence else "") + ": excluding it")
+            if not run_hooks:  # a proposal for the job's board: the drained node leaves the job
+                done.append(entry)
+                continue
             if hooks.exclude_argv:
                 entry["hook"] = self._run_hook(fields)
             local = self.local_host is not None and host == self.local_host
@@ -274,14 +309,21 @@ class Supervisor:
         return {"CUDA_VISIBLE_DEVICES": ",".join(keep)}
 
     def _record(self, decision: Decision, launch) -> None:
+        """Prints and keeps the decision, and sends it to the collector; on many nodes only the node whose proposal
+        won sends it (the job's decisions are recorded once, not once per node)."""
         self.decisions.append(decision)
         self._emit(decision.line() + "\n")
+        export, self._export_decision = self._export_decision, True
+        if not export:
+            return
         try:
             from otel_gpu.instrumentation.launcher import send_event
             from otel_gpu.schema import identity as ids
             from otel_gpu.schema import training as tr
 
             body = {k: v for k, v in asdict(decision).items() if v is not None}
+            if decision.job_decision is not None:  # the job's decision, as recorded once per job
+                body.update(decision=decision.job_decision, node_decision=decision.decision)
             send_event(launch, tr.RESTART_EVENT.name, {ids.JOB_ID: self.job_id}, body,
                        warning=decision.decision != "done", token=self._forwarder_token)
         except Exception:  # the decision stands even if it cannot be exported
@@ -339,8 +381,15 @@ class Supervisor:
               incarnation: int) -> int:
         from otel_gpu.instrumentation.launcher import Launch
 
+        if self.job is not None:
+            status = self._join()
+            if status is not None:
+                return status
         while True:
-            launch = Launch(self.cmd, self.endpoint, self.job_id, restart_count=restart_base,
+            if self.job is not None:  # every node runs the job's generation, whoever decided it
+                incarnation = restart_base = self.job.generation
+            cmd = self.job.command() if self.job is not None else self.cmd
+            launch = Launch(cmd, self.endpoint, self.job_id, restart_count=restart_base,
                             extra_env=self._cuda_env())
             current["launch"] = launch
             if at_start:
@@ -350,6 +399,9 @@ class Supervisor:
                              reason=f"starting without drained {_drained_text(at_start)}")
                 self._record(d, launch)
                 at_start = []
+            if self.job is not None and cmd != self.cmd:
+                self.say(f"generation {self.job.generation} on {', '.join(self.job.members())}: "
+                         + " ".join(cmd))
             started = time.time()
             try:
                 launch.start()
@@ -359,12 +411,25 @@ class Supervisor:
                 return 127
             try:
                 outcome = self._watch(launch, started)
-                decision = self._decide(launch, incarnation, restart_base, started, outcome)
+                if self.job is not None:
+                    decision = self._job_decide(launch, started, outcome)
+                else:
+                    decision = self._decide(launch, incarnation, restart_base, started, outcome)
+                    if self._alone and decision.decision in _RESTARTING:
+                        decision.decision = "stop"
+                        decision.reason = ("no job board to agree with the other nodes: a node never restarts a "
+                                           "job of many nodes alone")
+                self._record(decision, launch)
+                if decision.decision == "give_up" and outcome.get("record") is not None and \
+                        not outcome["printed"]:
+                    self._emit(_diagnosis(outcome["record"]))
             except BaseException as exc:
                 self._stop_on_error(launch, exc)
                 raise
             finally:
                 launch.close()
+            if decision.decision == "leave":
+                return EXIT_EXCLUDED
             if decision.decision not in _RESTARTING:
                 return 0 if decision.decision == "done" else (launch.status or 1)
             time.sleep(decision.backoff_s)
@@ -383,11 +448,22 @@ class Supervisor:
         trigger = "exit"
         printed = False
         stop_by: float | None = None
+        made: dict[str, Any] | None = None
+        next_board = time.monotonic() + poll
         while True:
             rc = launch.poll(0.2)
             if rc is not None:
                 break
             now = time.monotonic()
+            if self.job is not None and made is None and now >= next_board:
+                next_board = now + poll
+                made = self.job.made()
+                if made is not None and made.get("decision") != "done":
+                    # Another node's decision for this generation: this node's part starts with stopping its ranks.
+                    self.say(f"the job's decision (made by {made.get('by')}): {made.get('decision')}; stopping "
+                             "this node's part of the job")
+                    stop_tree(launch.proc.pid, launch.pids(), self.policy.stop_grace_s)
+                    continue
             if stop_by is not None and now >= stop_by:
                 self.say("the job did not end by itself after its failure: stopping its process tree")
                 stop_tree(launch.proc.pid, launch.pids(), self.policy.stop_grace_s)
@@ -426,6 +502,10 @@ class Supervisor:
                 self.say(f"hang verdict: {first.root_cause.value} (culprit {_who(first)}): stopping the job "
                          f"(SIGTERM, {self.policy.stop_grace_s:.0f} s grace, SIGKILL)")
                 stop_tree(launch.proc.pid, launch.pids(), self.policy.stop_grace_s)
+            elif first.confidence < self.policy.hang.min_confidence:
+                # A first, unsure verdict (peers' communication errors before the dead rank's exit is known) is
+                # often revised within seconds: wait for the job to end and for the sure one (_wait_verdict).
+                continue
             else:
                 record, trigger = first, "crash_verdict"
                 if self.mode == "auto" and self.policy.action_for(first) in ("user_fix", "investigate"):
@@ -433,9 +513,13 @@ class Supervisor:
                     printed = True
                 stop_by = time.monotonic() + self.policy.stop_grace_s  # torchrun tears down by itself; else we do
         launch.finish()
-        return {"rc": launch.rc, "record": record, "trigger": trigger, "printed": printed, "ended": time.time()}
+        return {"rc": launch.rc, "record": record, "trigger": trigger, "printed": printed, "ended": time.time(),
+                "job_decision": made}
 
-    def _decide(self, launch, incarnation: int, restart_count: int, started: float, outcome: dict) -> Decision:
+    def _decide(self, launch, incarnation: int, restart_count: int, started: float, outcome: dict,
+                act: bool = True) -> Decision:
+        """This node's decision after an incarnation ended (not yet recorded). ``act=False`` (many nodes): a
+        proposal for the job's board: the culprit and drained hosts go into ``exclude_hosts`` and no hook runs."""
         status = launch.status
         record = outcome["record"]
         ended = outcome["ended"]
@@ -443,18 +527,15 @@ class Supervisor:
                     trigger=outcome["trigger"], exit_status=status, incarnation_start=round(started, 3),
                     incarnation_end=round(ended, 3))
         if record is None and status == 0:
-            d = Decision(decision="done", reason="the job completed", **base)
-            self._record(d, launch)
-            return d
+            return Decision(decision="done", reason="the job completed", **base)
         if self._stop_requested is not None:
-            d = Decision(decision="stop", reason=f"stopped by {_signame(self._stop_requested)}; not restarting",
-                         **base)
-            self._record(d, launch)
-            return d
+            return Decision(decision="stop", reason=f"stopped by {_signame(self._stop_requested)}; not restarting",
+                            **base)
         if record is None and self._reachable is False and self.client.healthy():
             self._reachable = True  # the collector came up meanwhile
         if record is None and self._reachable is not False:
             record = self._wait_verdict(started)
+        outcome["record"] = record
         if record is not None:
             self.handled.add(_key(record))
             culprit_host = record.culprit.host
@@ -471,20 +552,16 @@ class Supervisor:
             if refused:
                 if not outcome["printed"]:
                     self.say("the verdict:", _diagnosis(record))
-                d = Decision(decision="stop", reason=f"verdict not acted on: {refused}", **base)
-                self._record(d, launch)
-                return d
+                    outcome["printed"] = True
+                return Decision(decision="stop", reason=f"verdict not acted on: {refused}", **base)
         if record is None and not (self.mode == "always" and status != 0):
             if status == 0:
-                d = Decision(decision="done", reason="the job completed", **base)
-            elif self._reachable is False:
-                d = Decision(decision="stop", reason="no collector to ask why it failed: never restarting on a "
-                             "guess", **base)
-            else:
-                d = Decision(decision="stop", reason=f"no verdict within {self.policy.verdict.wait_s:.0f} s: never "
-                             "restarting on a guess", **base)
-            self._record(d, launch)
-            return d
+                return Decision(decision="done", reason="the job completed", **base)
+            if self._reachable is False:
+                return Decision(decision="stop", reason="no collector to ask why it failed: never restarting on a "
+                                "guess", **base)
+            return Decision(decision="stop", reason=f"no verdict within {self.policy.verdict.wait_s:.0f} s: never "
+                            "restarting on a guess", **base)
         action = self.policy.action_for(record) if record is not None else None
         base["action"] = action
         hang_restart = record is not None and record.kind is Kind.HANG and self.policy.hang.decision == "restart"
@@ -493,40 +570,244 @@ class Supervisor:
         if not wants_restart:
             if not outcome["printed"] and record is not None:
                 self._emit(_diagnosis(record))
-            d = Decision(decision="stop", reason=f"action {action}: a restart would not fix it; diagnosis above",
-                         **base)
-            self._record(d, launch)
-            return d
+                outcome["printed"] = True
+            return Decision(decision="stop", reason=f"action {action}: a restart would not fix it; diagnosis above",
+                            **base)
         now = time.time()
         left = self._budget_left(now)
         base["restarts_in_window"] = len(self.restart_times)
         if left <= 0:
             b = self.policy.budget
-            d = Decision(decision="give_up", reason=f"restart budget spent ({b.max_restarts} per "
-                         f"{_duration(b.window_s)}); raise budget.max_restarts or --max-restarts", **base)
-            self._record(d, launch)
-            if record is not None and not outcome["printed"]:
-                self._emit(_diagnosis(record))
-            return d
+            return Decision(decision="give_up", reason=f"restart budget spent ({b.max_restarts} per "
+                            f"{_duration(b.window_s)}); raise budget.max_restarts or --max-restarts", **base)
         backoff = self._backoff()
         d = Decision(decision="restart", reason="", backoff_s=round(backoff, 2), **base)
         if action == "exclude_node_and_restart" and record is not None:
-            self._exclude(record, d)  # fields validated above (_refusal)
+            if act:
+                self._exclude(record, d)  # fields validated above (_refusal)
+            else:
+                d.exclude_hosts = [record.culprit.host] if record.culprit.host else []
+                d.excluded = f"host {record.culprit.host}" if record.culprit.host else None
+                if self.job is not None and d.time_saved_s is not None:
+                    d.time_saved_s = round(d.time_saved_s + RDZV_JOIN_TIMEOUT_S, 1)
             d.decision = "exclude_and_restart"
-        drained = self.exclude_drained()
+        drained = self.exclude_drained(run_hooks=act)
         if drained:
             d.drained = drained
             d.decision = "exclude_and_restart"
             d.excluded = ", ".join(x for x in (d.excluded, "drained " + _drained_text(drained)) if x)
-        self.restart_times.append(now)
-        d.restarts_in_window = len(self.restart_times)
-        d.reason = (f"restart {len(self.restart_times)} of {self.policy.budget.max_restarts} in "
+            if not act:
+                hosts = [e["host"] for e in drained if e.get("host")]
+                d.exclude_hosts = list(dict.fromkeys((d.exclude_hosts or []) + hosts))
+        if act:
+            self.restart_times.append(now)
+        d.restarts_in_window = len(self.restart_times) + (0 if act else 1)
+        d.reason = (f"restart {d.restarts_in_window} of {self.policy.budget.max_restarts} in "
                     f"{_duration(self.policy.budget.window_s)}, after {backoff:.1f} s"
                     + (f", without {d.excluded}" if d.excluded else "")
-                    + (f"; saved ~{_duration(d.time_saved_s)} vs the {_duration(self.policy.backend_timeout_s)} "
-                       "backend timeout" if d.time_saved_s else ""))
-        self._record(d, launch)
+                    + (f"; saved ~{_duration(d.time_saved_s)} vs " + (
+                        f"a blind restart (the {_duration(self.policy.backend_timeout_s)} backend timeout, then "
+                        f"{_duration(RDZV_JOIN_TIMEOUT_S)} of rendezvous waiting for the broken node)"
+                        if d.exclude_hosts else f"the {_duration(self.policy.backend_timeout_s)} backend timeout")
+                       if d.time_saved_s else ""))
         return d
+
+    # -- many nodes ------------------------------------------------------------------------------------------------
+    def _job_decide(self, launch, started: float, outcome: dict) -> Decision:
+        """Many nodes: the job's decision for this generation (another node's, or this node's proposal if it wins),
+        carried out here: restart as a member, leave as an excluded node, or stop."""
+        job = self.job
+        assert job is not None
+        generation = job.generation
+        made = outcome.get("job_decision") or job.made()
+        proposal: Decision | None = None
+        if made is None:
+            try:
+                proposal = self._decide(launch, generation, generation, started, outcome, act=False)
+            except _DecidedElsewhere as exc:
+                made = exc.decision
+        ours = False
+        if made is None and proposal is not None:
+            ours, made = self._propose(proposal, launch.status)
+            if made is None:  # the board does not answer: this node stops alone; it never restarts on its own
+                if proposal.decision in _RESTARTING:
+                    proposal.decision = "stop"
+                    proposal.reason = ("the job's aggregator does not answer: a node cannot restart a job of many "
+                                       "alone; stopping")
+                proposal.exclude_hosts = None
+                return proposal
+        assert made is not None
+        return self._carry_out(made, ours, proposal, launch, started, outcome)
+
+    def _propose(self, proposal: Decision, status: int | None) -> tuple[bool, dict[str, Any] | None]:
+        job = self.job
+        assert job is not None
+        body: dict[str, Any] = {
+            "decision": proposal.decision, "failure_id": proposal.failure_id, "reason": proposal.reason,
+            "exit_status": status, "backoff_s": proposal.backoff_s, "exclude_hosts": proposal.exclude_hosts or [],
+            "allow_shrink": self.policy.nodes.allow_shrink}
+        for attempt in range(2):
+            try:
+                return job.propose(body)
+            except Refused as exc:
+                if attempt:
+                    self.say(f"the job's board refused this node's stop too ({exc})")
+                    return False, None
+                self.say(f"the job's board refused this node's proposal ({exc}); proposing to stop instead")
+                body.update(decision="stop", exclude_hosts=[], reason=f"proposal refused: {exc}",
+                            exit_status=status or 1)
+                if body["failure_id"] is not None and "is not a failure" in str(exc):
+                    body["failure_id"] = None
+            except (VerdictUnavailable, ValueError) as exc:
+                self.say(f"cannot reach the job's board ({exc})")
+                return False, None
+        return False, None
+
+    def _carry_out(self, made: dict[str, Any], ours: bool, proposal: Decision | None, launch, started: float,
+                   outcome: dict) -> Decision:
+        job = self.job
+        assert job is not None
+        kind = made.get("decision") if made.get("decision") in ("restart", "exclude_and_restart", "stop",
+                                                                 "give_up", "done") else "stop"
+        excluded = [h for h in made.get("exclude_hosts") or [] if isinstance(h, str)]
+        members = [h for h in made.get("members") or [] if isinstance(h, str)]
+        by = made.get("by") if isinstance(made.get("by"), str) else None
+        d = proposal if (ours and proposal is not None) else Decision(
+            job_id=self.job_id, incarnation=job.generation, restart_count=job.generation, time=time.time(),
+            trigger="job_decision", exit_status=launch.status, decision=kind, reason="",
+            incarnation_start=round(started, 3), incarnation_end=round(outcome["ended"], 3))
+        d.decision, d.exit_status = kind, launch.status
+        d.generation, d.decided_by, d.host = job.generation, by, self.local_host
+        d.members, d.joined, d.exclude_hosts = members, list(made.get("joined") or []), excluded
+        if not ours:
+            for key in ("failure_id", "root_cause", "kind", "action"):
+                if isinstance(made.get(key), str):
+                    setattr(d, key, made[key])
+            backoff = made.get("backoff_s")
+            d.backoff_s = float(backoff) if isinstance(backoff, (int, float)) else 0.0
+            d.reason = f"the job's decision, made by {by or '?'}: {made.get('reason') or kind}"
+        if kind in ("stop", "give_up", "done") and ours and made.get("reason"):
+            d.reason = str(made["reason"])
+        d.excluded = ", ".join(f"host {h}" for h in excluded) or None
+        record = outcome.get("record")
+        d.job_decision = kind
+        if self.local_host in excluded:
+            self._hook_for(made, record, self.local_host, d)
+            d.decision = "leave"
+            d.reason = (f"this node ({self.local_host}) leaves the job: {made.get('root_cause') or 'excluded'} "
+                        f"(the job's decision, made by {by or '?'}); the job goes on without it")
+        elif made.get("root_cause") == "node_lost" and by == self.local_host:
+            for host in excluded:  # the lost node cannot run its own hook
+                self._hook_for(made, record, host, d)
+        if kind in ("stop", "give_up") and not outcome.get("printed"):
+            record = record or self._record_of(made.get("failure_id"))
+            if record is not None:
+                self._emit(_diagnosis(record))
+                outcome["printed"] = True
+        if kind in _RESTARTING and d.decision != "leave":
+            if self.local_host not in members:
+                d.decision = "leave"
+                d.reason = f"this node ({self.local_host}) is not among the next nodes ({', '.join(members)})"
+            else:
+                now = time.time()
+                d.restarts_in_window = self._sync_budget(now)
+                job.generation = int(made.get("next_generation") or job.generation + 1)
+                job.state.update(members=members, rdzv_host=made.get("rdzv_host"))
+                wait = max(0.0, float(made.get("time") or now) + d.backoff_s - now)
+                d.backoff_s = round(min(wait, d.backoff_s), 2)
+        self._export_decision = ours
+        return d
+
+    def _record_of(self, failure_id: Any) -> FailureRecord | None:
+        if not isinstance(failure_id, str):
+            return None
+        try:
+            return next((r for r in self.client.failures(self.job_id) if r.failure_id == failure_id), None)
+        except VerdictUnavailable:
+            return None
+
+    def _hook_for(self, made: dict[str, Any], record: FailureRecord | None, host: str, d: Decision) -> None:
+        """Runs ``hooks.exclude`` for ``host`` (the culprit's fields when the verdict names that host)."""
+        if not self.policy.hooks.exclude_argv:
+            return
+        record = record if record is not None and record.failure_id == made.get("failure_id") else \
+            self._record_of(made.get("failure_id"))
+        try:
+            if record is not None and record.culprit.host == host:
+                fields = self._hook_fields(record)
+            else:
+                fields = hook_fields("device_drain", host, None, None, self.job_id)
+            d.hook = self._run_hook(fields)
+        except HookRefused as exc:
+            self.say(f"exclude hook not run for {host}: {exc}")
+
+    def _sync_budget(self, now: float) -> int:
+        """The job's restarts in the budget's window, from the board's decisions (the budget is the job's)."""
+        job = self.job
+        assert job is not None
+        decisions = job.state.get("decisions")
+        times = sorted(float(x["time"]) for x in decisions if isinstance(x, dict) and x.get("decision") in
+                       _RESTARTING and isinstance(x.get("time"), (int, float))) if isinstance(decisions,
+                                                                                              list) else []
+        self.restart_times = collections.deque(t for t in times if t >= now - self.policy.budget.window_s)
+        return len(self.restart_times)
+
+    def _wait_as_spare(self) -> int | None:
+        """A spare waits (starting nothing: a waiting torchrun would restart the running job's rendezvous) until
+        the job's decision names it a member; returns None to start, or the exit status when the job ended."""
+        job = self.job
+        assert job is not None
+        self.say(f"spare node {self.local_host} for job {self.job_id} (members: {', '.join(job.members())}): "
+                 "waiting until a decision of the job needs it")
+        poll = self.policy.verdict.poll_interval_s
+        while self._stop_requested is None:
+            time.sleep(poll)
+            try:
+                state = job.refresh()
+            except VerdictUnavailable:
+                continue
+            if self.local_host in job.members():
+                generation = state.get("generation")
+                job.generation = generation if isinstance(generation, int) else job.generation
+                made = made_for(state, job.generation - 1) or {}
+                self._sync_budget(time.time())
+                wait = float(made.get("time") or 0) + float(made.get("backoff_s") or 0) - time.time()
+                self.say(f"joining job {self.job_id} as a member of generation {job.generation} (in place of "
+                         f"{', '.join(made.get('exclude_hosts') or []) or 'a node'}, decided by "
+                         f"{made.get('by') or '?'})")
+                if wait > 0:
+                    time.sleep(min(wait, 3600.0))
+                return None
+            ended = state.get("ended")
+            if ended:
+                self.say(f"job {self.job_id} ended ({ended}) without needing this spare")
+                return 0 if ended == "done" else 1
+            if self.local_host in (state.get("excluded") or {}):
+                self.say(f"this node ({self.local_host}) was excluded from job {self.job_id}")
+                return EXIT_EXCLUDED
+        return 128 + self._stop_requested
+
+    def _join(self) -> int | None:
+        """Many nodes: registers with the job's board; None to start, or the exit status (a spare whose job ended,
+        an excluded node). Without a board (an older collector, or none) the job runs as on one node."""
+        job = self.job
+        assert job is not None
+        try:
+            role = job.register()
+        except (VerdictUnavailable, Refused) as exc:
+            self.say(f"the job's board at {self.client.url} cannot coordinate the {job.nnodes} nodes ({exc}): this "
+                     "node acts alone and never restarts a job of many nodes by itself")
+            self.job = None
+            self._alone = True
+            return None
+        self.say(f"job {self.job_id}: this node ({self.local_host}) is {role} (generation {job.generation}; "
+                 f"members {', '.join(job.members())})")
+        if role == "spare":
+            return self._wait_as_spare()
+        if role == "excluded":
+            self.say(f"this node ({self.local_host}) was excluded from job {self.job_id}: not starting")
+            return EXIT_EXCLUDED
+        return None
 
 
 def _key(record: FailureRecord) -> str:

@@ -37,7 +37,7 @@ __all__ = ["Bed", "Job", "FAULTS", "main"]
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "docs" / "examples"
-OTLP_PORT, RDZV_PORT, WITNESS_PORT = 4317, 29400, 4319
+OTLP_PORT, RDZV_PORT, WITNESS_PORT, VERDICT_PORT = 4317, 29400, 4329, 4319
 READY_LINE = "otel-gpu collector ready"
 FAULTS = ("none", "link_cut", "node_lost", "degraded_link", "agent_restart", "exception")
 
@@ -54,10 +54,15 @@ def _load_example(name: str) -> dict:
 
 
 def sidecar_config(host: Host, aggregator: str, nvml_scenario: Path, xid_log: Path,
-                   nic_interval: str = "500ms") -> dict:
-    """docs/examples/sidecar.yaml for ``host``: the job's processes send to its loopback; no backend in the bed."""
+                   nic_interval: str = "500ms", forwarder_token: str = "") -> dict:
+    """docs/examples/sidecar.yaml for ``host``: the job's processes send to its loopback; no backend in the bed.
+    ``forwarder_token``: ``otel-gpu run`` on this host presents it with its decisions (trusted_forwarders), and the
+    sidecar presents it to the aggregator."""
     cfg = _load_example("sidecar.yaml")
     cfg["receivers"]["otlp"] = {"grpc": {"endpoint": f"127.0.0.1:{OTLP_PORT}"}, "http": None}
+    if forwarder_token:
+        cfg["receivers"]["otlp"]["trusted_forwarders"] = {"bearer_token": forwarder_token}
+        cfg["exporters"]["otlp/aggregator"]["auth"] = {"bearer_token": forwarder_token}
     cfg["receivers"]["nvml"] = {"backend": "fake", "scenario": str(nvml_scenario), "interval": "1s"}
     cfg["receivers"]["nic"] = {"interfaces": [MGMT_IF, DATA_IF], "exclude_interfaces": [], "infiniband": False,
                                "interval": nic_interval}
@@ -71,10 +76,17 @@ def sidecar_config(host: Host, aggregator: str, nvml_scenario: Path, xid_log: Pa
     return cfg
 
 
-def aggregator_config(listen: str, store: Path, attribution: dict | None = None) -> dict:
-    """docs/examples/aggregator.yaml listening on ``listen`` (the management address), no backend."""
+def aggregator_config(listen: str, store: Path, attribution: dict | None = None, forwarder_token: str = "",
+                      verdict_token: str = "") -> dict:
+    """docs/examples/aggregator.yaml listening on ``listen`` (the management address), no backend. Its verdict and
+    jobs API listens there too, with ``verdict_token`` (else on the agg host's loopback only)."""
     cfg = _load_example("aggregator.yaml")
     cfg["receivers"]["otlp"] = {"grpc": {"endpoint": f"{listen}:{OTLP_PORT}"}, "http": None}
+    if forwarder_token:
+        cfg["receivers"]["otlp"]["trusted_forwarders"] = {"bearer_token": forwarder_token}
+    cfg["exporters"]["verdict"] = {"endpoint": f"{listen if verdict_token else '127.0.0.1'}:{VERDICT_PORT}"}
+    if verdict_token:
+        cfg["exporters"]["verdict"]["auth"] = {"bearer_token": verdict_token}
     cfg["processors"]["attribution"] = dict(AGG_ATTRIBUTION, **(attribution or {}))
     cfg["processors"]["goodput"] = {"report_interval": "2s"}
     cfg["exporters"]["store"] = {"path": str(store)}
@@ -177,6 +189,14 @@ class Job:
             except subprocess.TimeoutExpired:
                 pass
 
+    def wait_output(self, host: str, text: str, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if text in self.output(host):
+                return True
+            time.sleep(0.2)
+        return False
+
     def output(self, host: str) -> str:
         try:
             return self.logs[host].read_text(errors="replace")
@@ -189,9 +209,17 @@ class Bed:
 
     Use as a context manager; :meth:`close` stops everything and tears the namespaces down."""
 
-    def __init__(self, hosts: int = 2, *, attribution: dict | None = None, root: str | Path | None = None):
+    def __init__(self, hosts: int = 2, *, attribution: dict | None = None, root: str | Path | None = None,
+                 acting: bool = False):
+        """``acting``: the aggregator serves its verdict and jobs API on the management network with a token, and
+        trusts the sidecars (and ``otel-gpu run`` on each node) as forwarders: the setup for ``--restart auto``
+        across nodes (docs/restart.md)."""
+        import secrets
+
         self.cluster = Cluster(hosts, aggregator_host=True, root=root)
         self.attribution = attribution
+        self.forwarder_token = secrets.token_hex(16) if acting else ""
+        self.verdict_token = secrets.token_hex(16) if acting else ""
         self.sidecars: dict[str, Collector] = {}
         self.aggregator: Collector | None = None
         self.witness: Collector | None = None
@@ -236,7 +264,8 @@ class Bed:
                 [sys.executable, "-m", "otel_gpu.testing.multinode", "witness", str(WITNESS_PORT),
                  str(self.witness_file)], log=agg.workdir / "witness.log"), agg.workdir / "witness.log")
             self.aggregator = self._collector(agg, "aggregator",
-                                              aggregator_config(agg.mgmt_addr, self.store, self.attribution))
+                                              aggregator_config(agg.mgmt_addr, self.store, self.attribution,
+                                                                self.forwarder_token, self.verdict_token))
             for host in self.hosts:
                 self.start_sidecar(host, wait=False)
             self.aggregator.wait_ready()
@@ -266,7 +295,8 @@ class Bed:
         log_size = 0
         if host.name in self.sidecars:
             log_size = len(self.sidecars[host.name].text())
-        cfg = sidecar_config(host, "agg", scenario, host.workdir / "kern.log")
+        cfg = sidecar_config(host, "agg", scenario, host.workdir / "kern.log",
+                             forwarder_token=self.forwarder_token)
         side = self._collector(host, "sidecar", cfg)
         self.sidecars[host.name] = side
         if wait:
@@ -302,6 +332,56 @@ class Bed:
         job = Job(launchers, logs, rdzv_id)
         self.jobs.append(job)
         return job
+
+    def launch_failover(self, *, active: int = 2, ranks_per_host: int = 2, steps: int = 300,
+                        step_sleep_s: float = 0.05, rdzv_id: str = "failover", env: dict[str, str] | None = None,
+                        policy: dict | None = None, nnodes: str | None = None, spare_delay_s: float = 0.0) -> Job:
+        """Every node host runs the same ``otel-gpu run --restart auto --verdict-url http://agg:4319 --policy P --
+        torchrun --nnodes N ... -m otel_gpu.testing.restart_train`` (docs/restart.md, "Many nodes"); the first
+        ``active`` hosts register first (the job's members), the others after them (spares). The training script
+        checkpoints into a directory every host sees (``shared``, as a shared filesystem would be)."""
+        shared = self.cluster.root / "shared"
+        shared.mkdir(exist_ok=True)
+        for stale in list(shared.glob("fault-*-struck")) + [shared / "progress.jsonl", shared / "checkpoint.pt"]:
+            stale.unlink(missing_ok=True)  # a fresh job: no checkpoint or fault marker of an earlier one
+        policy_file = shared / f"policy-{len(self.jobs)}.yaml"
+        policy_file.write_text(yaml.safe_dump(policy or {}))
+        bindir = os.path.dirname(sys.executable)
+        launchers, logs = {}, {}
+        job = Job(launchers, logs, rdzv_id)
+        self.jobs.append(job)
+        for i, host in enumerate(self.hosts):
+            torchrun = [os.path.join(bindir, "torchrun"), "--nnodes", nnodes or str(active), "--nproc-per-node",
+                        str(ranks_per_host), "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                        f"{self.hosts[0].name}:{RDZV_PORT}", "--rdzv-id", rdzv_id, "--max-restarts", "0",
+                        "-m", "otel_gpu.testing.restart_train"]
+            job_env = {"GLOO_SOCKET_IFNAME": DATA_IF, "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{OTLP_PORT}",
+                       "OTEL_GPU_HEARTBEAT_S": "1", "OTEL_GPU_STEPS": str(steps),
+                       "OTEL_GPU_STEP_SLEEP_S": str(step_sleep_s), "PYTHONUNBUFFERED": "1",
+                       "OTEL_GPU_WORKDIR": str(shared), "OMP_NUM_THREADS": "1",
+                       "OTEL_GPU_VERDICT_TOKEN": self.verdict_token, "OTEL_GPU_FORWARDER_TOKEN": self.forwarder_token,
+                       "PATH": f"{bindir}:{os.environ.get('PATH', '')}"}
+            job_env.update(env or {})
+            for key in ("OTEL_GPU_JOB_ID", "OTEL_GPU_JOB_ID_PROVISIONAL", "TORCHELASTIC_RUN_ID"):
+                os.environ.get(key) and job_env.setdefault(key, "")
+            logs[host.name] = host.workdir / f"job-{len(self.jobs) - 1}.log"
+            if i == active:  # the spares register after the members
+                for name in list(launchers):
+                    job.wait_output(name, "otel-gpu run: job ", 60)
+                time.sleep(spare_delay_s)
+            launchers[host.name] = host.spawn(
+                [sys.executable, "-m", "otel_gpu", "run", "--restart", "auto", "--verdict-url",
+                 f"http://agg:{VERDICT_PORT}", "--policy", str(policy_file), "--", *torchrun],
+                env=job_env, log=logs[host.name])
+        return job
+
+    def progress(self) -> list[dict]:
+        """The failover job's progress.jsonl (launch, start with its hosts, first_step, fault, done)."""
+        try:
+            lines = (self.cluster.root / "shared" / "progress.jsonl").read_text().splitlines()
+        except OSError:
+            return []
+        return [json.loads(line) for line in lines if line.strip()]
 
     # -- faults (each returns the time it was done) ------------------------------------------------------------------
     def cut_link(self, host: Host) -> float:

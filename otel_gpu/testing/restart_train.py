@@ -19,6 +19,7 @@ import datetime
 import json
 import os
 import signal
+import socket
 import time
 from pathlib import Path
 
@@ -82,9 +83,11 @@ def main() -> None:
         optimizer.load_state_dict(state["optimizer"])
         start = int(state["step"]) + 1
     ddp = DDP(model)
+    hosts: list = [None] * dist.get_world_size()
+    dist.all_gather_object(hosts, socket.gethostname())  # which nodes this incarnation runs on
     if rank == 0:
         _log(event="start", resumed_from=start, restart_count=os.environ.get("OTEL_GPU_RESTART_COUNT"),
-             world=dist.get_world_size())
+             world=dist.get_world_size(), hosts=sorted(set(hosts)))
     gen = torch.Generator().manual_seed(rank)
     x, y = torch.randn(16, 64, generator=gen), torch.randn(16, 8, generator=gen)
     for step in range(start, STEPS):
@@ -94,6 +97,8 @@ def main() -> None:
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+        if step == start and rank == 0:
+            _log(event="first_step", step=step, restart_count=os.environ.get("OTEL_GPU_RESTART_COUNT"))
         if step % CKPT_EVERY == CKPT_EVERY - 1 and rank == 0:
             tmp = CKPT.with_suffix(".tmp")
             torch.save({"step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict()}, tmp)

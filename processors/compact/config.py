@@ -18,9 +18,11 @@ from otel_gpu.schema import training as T
 __all__ = ["CompactConfig", "DEFAULT_EVENTS", "DEFAULT_METRICS", "DEFAULT_SPANS"]
 
 #: What cross-rank attribution and goodput read from logs: heartbeats, stacks, exceptions, signals, exits, XIDs;
-#: and the health processor's device state changes (rare), so that the aggregator's store keeps the node's verdicts.
+#: the health processor's device state changes (rare), so that the aggregator's store keeps the node's verdicts; and
+#: ``otel-gpu run``'s restart decisions (a job's decisions are recorded once, by the node whose proposal won).
 DEFAULT_EVENTS = (T.PROGRESS_EVENT.name, T.STACKS_EVENT.name, T.EXCEPTION_EVENT.name, T.SIGNAL_EVENT.name,
-                  T.EXIT_EVENT.name, T.STATE_EVENT.name, G.XID_EVENT.name, H.STATE_CHANGE_EVENT.name)
+                  T.EXIT_EVENT.name, T.STATE_EVENT.name, G.XID_EVENT.name, H.STATE_CHANGE_EVENT.name,
+                  T.RESTART_EVENT.name)
 #: Step, data-wait and checkpoint spans (one per rank per step at most); never the per-collective spans.
 DEFAULT_SPANS = (T.STEP_SPAN.name, T.DATA_SPAN.name, T.CKPT_SAVE_SPAN.name, T.CKPT_LOAD_SPAN.name)
 #: The hardware evidence attribution uses (XID, ECC, row remap, NVLink, PCIe replay, throttling, process-to-GPU

@@ -14,6 +14,7 @@ from otel_gpu.collector import httpserver
 from otel_gpu.collector.security import BearerChecker, server_ssl_context
 from otel_gpu.component import ComponentHost, Exporter, ExportResult
 from otel_gpu.exporters.verdict.config import VerdictExporterConfig, parse_endpoint
+from otel_gpu.exporters.verdict.jobs import JobBoard, Refused
 from otel_gpu.pdata import Batch, Signal, body_object, event_name, log_records
 from otel_gpu.schema import failure as failure_schema
 from otel_gpu.schema import health as health_schema
@@ -27,6 +28,10 @@ _PATH = "/api/v1/failures"
 _DEVICES_PATH = "/api/v1/devices"
 _DEVICE_FIELDS = ("device_id", "kind", "host", "uuid", "gpu_index", "state", "since", "time", "evidence")
 _STATES = ("healthy", "watch", "drain")
+_JOBS_PATH = "/api/v1/jobs"
+_REGISTER_PATH = "/api/v1/jobs/register"
+_DECISIONS_PATH = "/api/v1/jobs/decisions"
+_MAX_BODY = 64 * 1024
 
 
 def failure_key(record: dict[str, Any]) -> str:
@@ -72,6 +77,8 @@ class VerdictExporter(Exporter):
         self._lock = threading.Lock()
         self._server: httpserver.ThreadedHttpServer | None = None
         self._auth: BearerChecker | None = None
+        #: Many-node jobs: membership and one decision per failure (otel_gpu.exporters.verdict.jobs).
+        self.board = JobBoard(config.max_jobs)
 
     # -- pipeline side -------------------------------------------------------------------------------------------
     def export(self, batch: Batch) -> ExportResult:
@@ -144,6 +151,13 @@ class VerdictExporter(Exporter):
             records = [r for r in records if _detected(r) >= since]
         return sorted(records, key=_detected, reverse=True)
 
+    def job_failures(self, job_id: str) -> dict[str, dict[str, Any]]:
+        """The job's failures this collector holds (latest versions), by failure_id: what a decision may cite."""
+        return {str(r["failure_id"]): r for r in self.failures(job_id) if r.get("failure_id") not in (None, "")}
+
+    def drained_hosts(self) -> set[str]:
+        return {str(d["host"]) for d in self.devices(("drain",)) if isinstance(d.get("host"), str)}
+
     # -- HTTP side -----------------------------------------------------------------------------------------------
     @property
     def port(self) -> int:
@@ -207,6 +221,16 @@ class _Handler(BaseHTTPRequestHandler):
                        (("WWW-Authenticate", 'Bearer realm="otel-gpu"'),))
             return
         query = parse_qs(url.query)
+        if url.path == _JOBS_PATH:
+            job_id = (query.get("job_id") or [""])[0]
+            host = (query.get("host") or [None])[0]
+            state = self.owner.board.state(job_id, host) if job_id else None
+            if state is None:
+                self._send(404, {"error": f"unknown job {job_id[:80]!r}: its nodes register with POST "
+                                          f"{_REGISTER_PATH}"})
+            else:
+                self._send(200, state)
+            return
         if url.path == _DEVICES_PATH:
             states = tuple(s for v in query.get("state") or ["watch,drain"] for s in v.split(",") if s)
             bad = [s for s in states if s not in _STATES]
@@ -237,6 +261,69 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(200, {"failures": self.owner.failures(job_id or None, since, withdrawn)})
 
     def do_POST(self) -> None:
-        self._send(405, {"error": "read-only API: use GET"}, (("Allow", "GET"),))
+        url = urlsplit(self.path)
+        if url.path not in (_REGISTER_PATH, _DECISIONS_PATH):
+            self._send(405, {"error": f"read-only API: use GET (POST only to {_REGISTER_PATH} and "
+                                      f"{_DECISIONS_PATH})"}, (("Allow", "GET"),))
+            return
+        auth = self.owner._auth
+        if auth is not None:
+            if not auth.check(self.headers.get("Authorization")):
+                self._send(401, {"error": "unauthorized: send Authorization: Bearer <token>"},
+                           (("WWW-Authenticate", 'Bearer realm="otel-gpu"'),))
+                return
+        elif not _loopback(self.client_address[0]):
+            # Without a token only this host may decide for a job (a listener on 0.0.0.0 without auth serves reads).
+            self._send(403, {"error": "decisions need the token from another host: set exporters."
+                                      f"{self.owner.host.component_id}.auth (bearer_token_file)"})
+            return
+        body = self._body()
+        if body is None:
+            return
+        job_id = body.get("job_id")
+        if not isinstance(job_id, str) or not job_id or len(job_id) > 256:
+            self._send(400, {"error": "job_id must be a non-empty string (at most 256 characters)"})
+            return
+        board = self.owner.board
+        try:
+            if url.path == _REGISTER_PATH:
+                self._send(200, board.register(job_id, body.get("host"), body.get("rdzv_host"), body.get("nnodes"),
+                                               body.get("min_nodes"), body.get("rdzv_endpoint_host")))
+            else:
+                self._send(200, board.propose(job_id, body.get("generation"), body.get("decision"),
+                                              self.owner.job_failures(job_id), self.owner.drained_hosts))
+        except Refused as exc:
+            self._send(exc.status, {"error": str(exc)})
 
-    do_PUT = do_DELETE = do_PATCH = do_POST
+    def _body(self) -> dict[str, Any] | None:
+        try:
+            length = int(self.headers.get("Content-Length") or -1)
+        except ValueError:
+            length = -1
+        if not 0 <= length <= _MAX_BODY:
+            self._send(411 if length < 0 else 413, {"error": f"send a JSON body of at most {_MAX_BODY} bytes with "
+                                                             "Content-Length"})
+            return None
+        try:
+            body = json.loads(self.rfile.read(length) or b"null")
+        except (ValueError, UnicodeDecodeError):
+            body = None
+        if not isinstance(body, dict):
+            self._send(400, {"error": "the body must be a JSON object"})
+            return None
+        return body
+
+    def do_PUT(self) -> None:
+        self._send(405, {"error": "use GET (or POST to the jobs API)"}, (("Allow", "GET, POST"),))
+
+    do_DELETE = do_PATCH = do_PUT
+
+
+def _loopback(address: str) -> bool:
+    import ipaddress
+
+    try:
+        ip = ipaddress.ip_address(address.split("%")[0])
+    except ValueError:
+        return False
+    return ip.is_loopback or (ip.version == 6 and ip.ipv4_mapped is not None and ip.ipv4_mapped.is_loopback)
