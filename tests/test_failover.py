@@ -81,13 +81,21 @@ def _run(bed, name: str, fault: str, *, env: dict | None = None, host: int = 1, 
     out["progress"] = bed.progress()
     out["outputs"] = {h: job.output(h) for h in job.launchers}
     out["hooks"] = hook_log.read_text().splitlines() if hook_log.exists() else []
-    out["report"] = bed.report_text()
-    out["restarts"] = [d for d in bed.report().get("restarts", []) if d.get("job_id") == f"fo-{name}"]
+    deadline = time.monotonic() + 15  # the last decision travels through the sidecar's batch to the store
+    while True:
+        out["restarts"] = [d for d in bed.report(job_id=f"fo-{name}").get("restarts", [])
+                           if d.get("job_id") == f"fo-{name}"]
+        if (out["restarts"] and out["restarts"][-1].get("decision") in ("done", "stop", "give_up")) or \
+                time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    out["report"] = bed.report_text(job_id=f"fo-{name}")
+    print(out["report"], _outputs(job), sep="\n")  # shown when a test fails
     return out
 
 
 def _outputs(job) -> str:
-    return "\n".join(f"===== {h}\n{job.output(h)[-2500:]}" for h in job.launchers)
+    return "\n".join(f"===== {h}\n{job.output(h)[-6000:]}" for h in job.launchers)
 
 
 def _starts(run) -> list[dict]:
@@ -146,7 +154,8 @@ def test_a_user_exception_restarts_nothing_and_every_node_stops_with_the_diagnos
     assert run["waited_s"] <= 10.0 + FAULT_AFTER_S + 60  # bounded; the fault's own timing is below
     assert len(_starts(run)) == 1 and not run["hooks"]
     for host in ("node0", "node1"):
-        assert "bad value in batch at step 60 (python_exception, user)" in run["outputs"][host], run["outputs"][host]
+        text = run["outputs"][host]
+        assert "bad value in batch at step 60" in text and "(python_exception, user)" in text, text
     assert "ended (stop) without needing this spare" in run["outputs"]["node2"]
     assert [d["decision"] for d in run["restarts"]] == ["stop"]
 

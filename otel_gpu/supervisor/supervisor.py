@@ -175,8 +175,10 @@ class Supervisor:
         is taken at once; otherwise the best record there is when ``verdict.wait_s`` is up."""
         deadline = time.monotonic() + self.policy.verdict.wait_s
         found: list[FailureRecord] | None = []
+        next_board = 0.0
         while True:
-            if self.job is not None:
+            if self.job is not None and time.monotonic() >= next_board:
+                next_board = time.monotonic() + self.policy.verdict.poll_interval_s
                 made = self.job.made()
                 if made is not None:
                     raise _DecidedElsewhere(made)
@@ -413,16 +415,9 @@ class Supervisor:
                 outcome = self._watch(launch, started)
                 if self.job is not None:
                     decision = self._job_decide(launch, started, outcome)
+                    self._record(decision, launch)
                 else:
                     decision = self._decide(launch, incarnation, restart_base, started, outcome)
-                    if self._alone and decision.decision in _RESTARTING:
-                        decision.decision = "stop"
-                        decision.reason = ("no job board to agree with the other nodes: a node never restarts a "
-                                           "job of many nodes alone")
-                self._record(decision, launch)
-                if decision.decision == "give_up" and outcome.get("record") is not None and \
-                        not outcome["printed"]:
-                    self._emit(_diagnosis(outcome["record"]))
             except BaseException as exc:
                 self._stop_on_error(launch, exc)
                 raise
@@ -516,8 +511,19 @@ class Supervisor:
         return {"rc": launch.rc, "record": record, "trigger": trigger, "printed": printed, "ended": time.time(),
                 "job_decision": made}
 
-    def _decide(self, launch, incarnation: int, restart_count: int, started: float, outcome: dict,
-                act: bool = True) -> Decision:
+    def _decide(self, launch, incarnation: int, restart_count: int, started: float, outcome: dict) -> Decision:
+        """The decision after an incarnation ended (one node), acted on (hooks) and recorded."""
+        decision = self._make_decision(launch, incarnation, restart_count, started, outcome)
+        if self._alone and decision.decision in _RESTARTING:
+            decision.decision = "stop"
+            decision.reason = "no job board to agree with the other nodes: a node never restarts a job of many alone"
+        self._record(decision, launch)
+        if decision.decision == "give_up" and outcome.get("record") is not None and not outcome["printed"]:
+            self._emit(_diagnosis(outcome["record"]))
+        return decision
+
+    def _make_decision(self, launch, incarnation: int, restart_count: int, started: float, outcome: dict,
+                       act: bool = True) -> Decision:
         """This node's decision after an incarnation ended (not yet recorded). ``act=False`` (many nodes): a
         proposal for the job's board: the culprit and drained hosts go into ``exclude_hosts`` and no hook runs."""
         status = launch.status
@@ -623,7 +629,7 @@ class Supervisor:
         proposal: Decision | None = None
         if made is None:
             try:
-                proposal = self._decide(launch, generation, generation, started, outcome, act=False)
+                proposal = self._make_decision(launch, generation, generation, started, outcome, act=False)
             except _DecidedElsewhere as exc:
                 made = exc.decision
         ours = False

@@ -411,9 +411,10 @@ class Bed:
         return t
 
     # -- what the aggregator knows ------------------------------------------------------------------------------------
-    def report(self, timeout_s: float = 60.0) -> dict:
+    def report(self, timeout_s: float = 60.0, job_id: str | None = None) -> dict:
         out = subprocess.run([sys.executable, "-m", "otel_gpu", "report", "--store", str(self.store), "--format",
-                              "json"], capture_output=True, text=True, timeout=timeout_s)
+                              "json", *(["--job", job_id] if job_id else [])], capture_output=True, text=True,
+                             timeout=timeout_s)
         if out.returncode != 0:
             return {}
         try:
@@ -421,9 +422,9 @@ class Bed:
         except ValueError:
             return {}
 
-    def report_text(self) -> str:
-        out = subprocess.run([sys.executable, "-m", "otel_gpu", "report", "--store", str(self.store)],
-                             capture_output=True, text=True, timeout=60)
+    def report_text(self, job_id: str | None = None) -> str:
+        out = subprocess.run([sys.executable, "-m", "otel_gpu", "report", "--store", str(self.store),
+                              *(["--job", job_id] if job_id else [])], capture_output=True, text=True, timeout=60)
         return out.stdout + out.stderr
 
     def members(self, job_id: str | None = None) -> dict[str, set]:
