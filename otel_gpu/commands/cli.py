@@ -134,7 +134,8 @@ examples:
   otel-gpu demo                                       # a hang on a random rank
   otel-gpu demo --list
   otel-gpu demo --scenario crash --rank 0
-  otel-gpu demo --scenario restart                    # killed once, restarted by otel-gpu run --restart auto""",
+  otel-gpu demo --scenario restart                    # killed once, restarted by otel-gpu run --restart auto
+  otel-gpu demo --hosts 3 --scenario failover         # (root) node 1's link is cut; the spare node takes over""",
 }
 
 
@@ -207,7 +208,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hang-timeout-s", type=float, default=8.0, help="hang timeout of the demo collector (8)")
     p.add_argument("--hosts", type=int, default=1, help="2-4: network-namespace hosts with a sidecar each and the "
                    "job's aggregator (root, iproute2); --scenario then is one of link_cut (default), node_lost, "
-                   "degraded_link, agent_restart, exception, none, on host 1")
+                   "degraded_link, agent_restart, exception, none, on host 1, or failover (3+ hosts: the last is a "
+                   "spare)")
     p.set_defaults(func=cmd_demo)
     return parser
 

@@ -7,6 +7,7 @@ Example:
     otel-gpu demo --scenario restart    # rank k is killed once; otel-gpu run --restart auto restarts the job
     otel-gpu demo --list
     otel-gpu demo --hosts 2             # network-namespace hosts (root): host 1 loses its data link
+    otel-gpu demo --hosts 3 --scenario failover   # two nodes and a spare: node 1's link is cut, the spare takes over
 """
 from __future__ import annotations
 

@@ -186,9 +186,34 @@ def _lane(inc: dict[str, Any], origin: float, bin_s: float, job: tuple[float, fl
     return lane
 
 
-def job_timeline(job_id: str, summary: dict[str, Any] | None, failures: list[dict[str, Any]] | None = None
-                 ) -> JobTimeline:
-    """The timeline of one job from its latest goodput summary and its failure records."""
+def _decision_label(restart_count: int, decision: dict[str, Any] | None) -> str:
+    """A restart's marker label: which nodes left and joined (many nodes) and what a blind restart would have cost.
+
+    >>> _decision_label(1, {"decision": "exclude_and_restart", "exclude_hosts": ["node1"], "joined": ["node2"],
+    ...                     "time_saved_s": 2400})
+    'restart 1: without node1, spare node2 joined, saved ~40 min'
+    """
+    if not isinstance(decision, dict):
+        return f"restart {restart_count}"
+    parts = []
+    left = decision.get("exclude_hosts")
+    if isinstance(left, list) and left:
+        parts.append("without " + ", ".join(printable(h) for h in left[:8]))
+    elif decision.get("excluded"):
+        parts.append(f"without {printable(decision['excluded'])}")
+    joined = decision.get("joined")
+    if isinstance(joined, list) and joined:
+        parts.append("spare " + ", ".join(printable(h) for h in joined[:8]) + " joined")
+    saved = _num(decision.get("time_saved_s"), math.nan)
+    if math.isfinite(saved) and saved > 0:
+        parts.append(f"saved ~{_dur(saved)}")
+    return f"restart {restart_count}" + (": " + ", ".join(parts) if parts else "")
+
+
+def job_timeline(job_id: str, summary: dict[str, Any] | None, failures: list[dict[str, Any]] | None = None,
+                 decisions: list[dict[str, Any]] | None = None) -> JobTimeline:
+    """The timeline of one job from its latest goodput summary, its failure records and its restart decisions
+    (``otel-gpu run --restart``: a restart's marker says which nodes left and joined)."""
     summary = summary if isinstance(summary, dict) else {}
     raw = summary.get("timeline")
     ettr = summary.get("ettr")
@@ -210,8 +235,11 @@ def job_timeline(job_id: str, summary: dict[str, Any] | None, failures: list[dic
     tl.start = min(lane.start for lane in tl.lanes)
     tl.end = max([_num(raw.get("end"), tl.start)] + [lane.end for lane in tl.lanes]
                  + [s.t1 for s in tl.segments])
+    by_incarnation = {d.get("incarnation"): d for d in decisions or [] if isinstance(d, dict)
+                      and d.get("decision") in ("restart", "exclude_and_restart")}
     for lane in tl.lanes[1:]:
-        tl.markers.append(Marker(lane.start, "restart", f"restart {lane.restart_count}"))
+        label = _decision_label(lane.restart_count, by_incarnation.get(lane.restart_count - 1))
+        tl.markers.append(Marker(lane.start, "restart", label))
     for f in failures or []:
         if isinstance(f, dict) and f.get("detected_time") is not None and f.get("status") != "withdrawn" \
                 and f.get("withdrawn") is not True:
@@ -397,7 +425,7 @@ def render_svg(timelines: list[JobTimeline]) -> str:
             out.append(f'<g class="marker {m.kind}"><line x1="{x:.2f}" y1="{top - 6}" x2="{x:.2f}" y2="{bottom + 4}" '
                        f'stroke="{colour}" stroke-width="2"{dash}/>'
                        + (f'<text x="{x + 4:.2f}" y="{top - 2}" font-size="10" fill="{colour}">{_esc(m.label)}</text>'
-                          if m.kind == "failure" else "")  # a restart is its lane's label already
+                          if m.kind == "failure" or ":" in m.label else "")  # a plain restart: its lane says it
                        + f'<title>{m.kind}: {_esc(m.label)} at {m.t - tl.start:.2f} s</title></g>')
         if tl.lanes:
             ay = bottom + 6
@@ -482,6 +510,9 @@ def render_figure(timelines: list[JobTimeline]):
             if failure:  # in the headroom above the first lane
                 ax.annotate(_mpl_text(m.label), (m.t - tl.start, n - 0.62), xytext=(3, 0), textcoords="offset points",
                             fontsize=8, color=_FAILURE_COLOUR, va="bottom", ha="left", annotation_clip=False)
+            elif ":" in m.label:  # a restart that says which nodes left and joined: beside its line, below
+                ax.annotate(_mpl_text(m.label), (m.t - tl.start, -0.45), xytext=(3, 0), textcoords="offset points",
+                            fontsize=7, color=_RESTART_COLOUR, va="bottom", ha="left", annotation_clip=False)
         ax.set_ylim(-0.5, n - 0.2)
         ax.set_yticks(range(n), [_lane_label(lane) for lane in reversed(tl.lanes)], fontsize=9)
         ax.set_xlim(0, span)

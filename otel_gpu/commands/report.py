@@ -41,7 +41,8 @@ def job_timelines(store: str, job_ids: list[str]) -> list[Any]:
     conn = db.open_reader(store)
     try:
         conn.execute("BEGIN")
-        out = [job_timeline(job, db.goodput(conn, job), db.failures(conn, job, None)) for job in job_ids]
+        out = [job_timeline(job, db.goodput(conn, job), db.failures(conn, job, None), db.restarts(conn, job))
+               for job in job_ids]
         conn.execute("COMMIT")
     finally:
         conn.close()
@@ -155,7 +156,8 @@ def _restart_lines(decisions: list[dict[str, Any]]) -> list[str]:
         if d.get("decided_by"):
             extras.append(f"decided by {printable(d['decided_by'])}")
         if finite(d.get("time_saved_s")):
-            extras.append(f"saved {format_seconds(d['time_saved_s'])} vs the backend timeout")
+            extras.append(f"saved {format_seconds(d['time_saved_s'])} vs "
+                          + ("a blind restart" if d.get("exclude_hosts") else "the backend timeout"))
         if extras:
             line += " (" + ", ".join(extras) + ")"
         lines.append(line)

@@ -167,8 +167,10 @@ class Supervisor:
                 self._unreadable_seen.add(name)
                 self.say(f"unreadable record {name} from the verdict API ({reason}): not acted on; the job stays "
                          "supervised")
-        return [r for r in records if _key(r) not in self.handled and r.onset_time >= since - 1.0
-                and r.kind in (Kind.CRASH, Kind.HANG)]
+        # This incarnation's: begun after it started, or noticed after (a lost node's onset is its last sign of
+        # life, which can be older than a restart); a revision of one already acted on keeps its failure_id.
+        return [r for r in records if _key(r) not in self.handled and r.kind in (Kind.CRASH, Kind.HANG)
+                and (r.onset_time >= since - 1.0 or r.detected_time >= since + 1.0)]
 
     def _wait_verdict(self, since: float) -> FailureRecord | None:
         """After the job failed: its verdict. A sure record (not one already printed as unsure while the job ran)

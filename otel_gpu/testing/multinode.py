@@ -39,7 +39,10 @@ REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "docs" / "examples"
 OTLP_PORT, RDZV_PORT, WITNESS_PORT, VERDICT_PORT = 4317, 29400, 4329, 4319
 READY_LINE = "otel-gpu collector ready"
-FAULTS = ("none", "link_cut", "node_lost", "degraded_link", "agent_restart", "exception")
+FAULTS = ("none", "link_cut", "node_lost", "degraded_link", "agent_restart", "exception", "failover")
+#: The failover demo's restart policy: short waits so that it fits a minute (docs/restart.md has the defaults).
+FAILOVER_POLICY = {"stop_grace": "3s", "budget": {"backoff_initial": "1s"},
+                   "verdict": {"poll_interval": "500ms", "wait": "30s"}}
 
 #: Attribution settings of the bed's aggregator: short timeouts, since the bed's steps take ~0.1 s.
 AGG_ATTRIBUTION = {"hang_timeout": "6s", "heartbeat_timeout": "5s", "tick_interval": "250ms"}
@@ -335,11 +338,15 @@ class Bed:
 
     def launch_failover(self, *, active: int = 2, ranks_per_host: int = 2, steps: int = 300,
                         step_sleep_s: float = 0.05, rdzv_id: str = "failover", env: dict[str, str] | None = None,
-                        policy: dict | None = None, nnodes: str | None = None, spare_delay_s: float = 0.0) -> Job:
+                        policy: dict | None = None, nnodes: str | None = None, spare_delay_s: float = 0.0,
+                        supervised: bool = True, torchrun_restarts: int = 0) -> Job:
         """Every node host runs the same ``otel-gpu run --restart auto --verdict-url http://agg:4319 --policy P --
         torchrun --nnodes N ... -m otel_gpu.testing.restart_train`` (docs/restart.md, "Many nodes"); the first
         ``active`` hosts register first (the job's members), the others after them (spares). The training script
-        checkpoints into a directory every host sees (``shared``, as a shared filesystem would be)."""
+        checkpoints into a directory every host sees (``shared``, as a shared filesystem would be).
+
+        ``supervised=False``: the baseline, plain elastic torchrun (``--max-restarts torchrun_restarts``) under
+        ``otel-gpu run`` that only observes; the spares start once the members train (torchrun's own spares)."""
         shared = self.cluster.root / "shared"
         shared.mkdir(exist_ok=True)
         for stale in list(shared.glob("fault-*-struck")) + [shared / "progress.jsonl", shared / "checkpoint.pt"]:
@@ -353,7 +360,8 @@ class Bed:
         for i, host in enumerate(self.hosts):
             torchrun = [os.path.join(bindir, "torchrun"), "--nnodes", nnodes or str(active), "--nproc-per-node",
                         str(ranks_per_host), "--rdzv-backend", "c10d", "--rdzv-endpoint",
-                        f"{self.hosts[0].name}:{RDZV_PORT}", "--rdzv-id", rdzv_id, "--max-restarts", "0",
+                        f"{self.hosts[0].name}:{RDZV_PORT}", "--rdzv-id", rdzv_id, "--max-restarts",
+                        str(torchrun_restarts),
                         "-m", "otel_gpu.testing.restart_train"]
             job_env = {"GLOO_SOCKET_IFNAME": DATA_IF, "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{OTLP_PORT}",
                        "OTEL_GPU_HEARTBEAT_S": "1", "OTEL_GPU_STEPS": str(steps),
@@ -365,14 +373,20 @@ class Bed:
             for key in ("OTEL_GPU_JOB_ID", "OTEL_GPU_JOB_ID_PROVISIONAL", "TORCHELASTIC_RUN_ID"):
                 os.environ.get(key) and job_env.setdefault(key, "")
             logs[host.name] = host.workdir / f"job-{len(self.jobs) - 1}.log"
-            if i == active:  # the spares register after the members
+            if i == active and supervised:  # the spares register after the members
                 for name in list(launchers):
                     job.wait_output(name, "otel-gpu run: job ", 60)
                 time.sleep(spare_delay_s)
-            launchers[host.name] = host.spawn(
-                [sys.executable, "-m", "otel_gpu", "run", "--restart", "auto", "--verdict-url",
-                 f"http://agg:{VERDICT_PORT}", "--policy", str(policy_file), "--", *torchrun],
-                env=job_env, log=logs[host.name])
+            elif i == active:
+                deadline = time.monotonic() + 120
+                while time.monotonic() < deadline and not any(p.get("event") == "first_step"
+                                                               for p in self.progress()):
+                    time.sleep(0.3)
+                time.sleep(spare_delay_s)
+            acting = ["--restart", "auto", "--verdict-url", f"http://agg:{VERDICT_PORT}", "--policy",
+                      str(policy_file)] if supervised else []
+            launchers[host.name] = host.spawn([sys.executable, "-m", "otel_gpu", "run", *acting, "--", *torchrun],
+                                              env=job_env, log=logs[host.name])
         return job
 
     def progress(self) -> list[dict]:
@@ -501,6 +515,55 @@ def run_demo(hosts: int, ranks_per_host: int, fault: str, fault_host: int, out=s
     return 0
 
 
+def run_failover_demo(hosts: int, ranks_per_host: int, fault_host: int, out=sys.stdout) -> int:
+    """``otel-gpu demo --hosts 3 --scenario failover``: hosts-1 nodes run the job, the last waits as a spare; node
+    ``fault_host``'s data link is cut mid-job. Prints the decision trail and RIGHT or WRONG: the cut node left, the
+    job completed on the others and the spare from its checkpoint, its first new step within 60 s of the cut."""
+    if hosts < 3:
+        print("otel-gpu demo: the failover scenario needs --hosts 3 or more (members and a spare)", file=out)
+        return 2
+    active = hosts - 1
+    fault_host = min(fault_host, active - 1)
+    with Bed(hosts, acting=True) as bed:
+        print(f"bed: {hosts} hosts ({', '.join(h.name + ' ' + str(h.data_addr) for h in bed.hosts)}), aggregator "
+              f"(verdict and jobs API) on agg {bed.cluster.agg.mgmt_addr}; {active} nodes run the job, "
+              f"{bed.hosts[-1].name} waits as a spare", file=out, flush=True)
+        job = bed.launch_failover(active=active, ranks_per_host=ranks_per_host, steps=250, policy=FAILOVER_POLICY,
+                                  rdzv_id="failover-demo")
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not any(p.get("event") == "first_step" for p in bed.progress()):
+            time.sleep(0.3)
+        time.sleep(3.0)
+        target = bed.hosts[fault_host]
+        t_cut = bed.cut_link(target)
+        print(f"fault: {target.name}'s data link cut (ip link set {DATA_IF} down)", file=out, flush=True)
+        rcs = job.wait(240)
+        job.stop()
+        time.sleep(2.0)
+        print("\nthe decision trail, as each node's otel-gpu run printed it:", file=out)
+        for host in bed.hosts:
+            for line in job.output(host.name).splitlines():
+                if line.startswith("otel-gpu run:") and "job id" not in line:
+                    print(f"  [{host.name}] {line[len('otel-gpu run: '):]}", file=out)
+        print(f"exit statuses: {rcs}", file=out)
+        print("\n" + bed.report_text(job_id="failover-demo"), file=out, flush=True)
+        progress = bed.progress()
+        starts = [p for p in progress if p.get("event") == "start"]
+        firsts = [p for p in progress if p.get("event") == "first_step" and p.get("restart_count") == "1"]
+        survivors = sorted(h.name for h in bed.hosts if h is not target)
+        right = (rcs.get(target.name) == 75 and all(rcs.get(h) == 0 for h in survivors)
+                 and len(starts) == 2 and starts[1].get("hosts") == survivors and starts[1].get("resumed_from", 0) > 0
+                 and any(p.get("event") == "done" for p in progress) and bool(firsts)
+                 and firsts[0]["t"] - t_cut <= 60.0)
+        gap = f"{firsts[0]['t'] - t_cut:.1f} s" if firsts else "never"
+        print(f"{'RIGHT' if right else 'WRONG'}: {target.name} excluded (exit {rcs.get(target.name)}), the job went "
+              f"on on {', '.join(starts[1]['hosts']) if len(starts) > 1 else '?'} from step "
+              f"{starts[1].get('resumed_from') if len(starts) > 1 else '?'}; first new step {gap} after the cut "
+              "(floor 60 s)", file=out)
+    print(f"torn down; namespaces left: {len(leftovers())}", file=out)
+    return 0 if right else 1
+
+
 def wait_training(bed: Bed, productive_s: float, timeout_s: float, ranks: int | None = None,
                   job_id: str | None = None) -> bool:
     """Waits until the aggregator has seen every rank (``ranks``) of ``job_id`` (None: any job that has none of
@@ -540,6 +603,8 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 <= args.fault_host < args.hosts:
         ap.error(f"--fault-host must be 0..{args.hosts - 1} (got {args.fault_host})")
     try:
+        if args.fault == "failover":
+            return run_failover_demo(args.hosts, args.ranks_per_host, args.fault_host)
         return run_demo(args.hosts, args.ranks_per_host, args.fault, args.fault_host)
     except ClusterUnavailable as exc:
         print(f"otel-gpu cluster: {exc}", file=sys.stderr)

@@ -174,7 +174,7 @@ def _node_lost(engine: Engine, job: JobState, r: RankState, silent: list[RankSta
     if not (all(x in silent for x in on_host) and host_seen is not None and host_seen < now - s.heartbeat_timeout_s
             and host_seen <= r.last_seen + s.heartbeat_timeout_s):
         return None
-    return Finding(Kind.CRASH, RootCause.NODE_LOST, min(r.last_seen, host_seen), 0.8, r.rank, host, None,
+    return Finding(Kind.CRASH, RootCause.NODE_LOST, max(r.last_seen, host_seen), 0.8, r.rank, host, None,
                    [Evidence(f"rank{r.rank}.last_heartbeat", round(r.last_seen, 3)),
                     Evidence(f"host.{host}.last_device_sample", round(host_seen, 3))],
                    f"node {host} went silent: its {len(on_host)} rank(s) and its own device metrics stopped together, "

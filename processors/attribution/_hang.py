@@ -412,7 +412,7 @@ def decide_silent(engine: Engine, job: JobState, now: float) -> Finding | None:
         if all(x in silent for x in on_host) and host_seen is not None and host_seen < silent_cut \
                 and host_seen <= r.last_seen + s.heartbeat_timeout_s:
             ev.append(Evidence(f"host.{host}.last_device_sample", round(host_seen, 3)))
-            return Finding(Kind.CRASH, RootCause.NODE_LOST, min(r.last_seen, host_seen), 0.8, r.rank, host, None, ev,
+            return Finding(Kind.CRASH, RootCause.NODE_LOST, max(r.last_seen, host_seen), 0.8, r.rank, host, None, ev,
                            f"node {host} went silent: its {len(on_host)} rank(s) and its own device metrics stopped "
                            f"together {now - r.last_seen:.0f} s ago, with no exit reported, while ranks wait for it",
                            {"signal": "node_silent", "ranks": sorted(x.rank for x in on_host)})
