@@ -469,7 +469,7 @@ def test_values_schema_closes_every_object_of_the_chart():
 
     schema = json.loads((CHART / "values.schema.json").read_text(encoding="utf-8"))
     passthrough = {"settings", "config", "podSecurityContext", "securityContext", "affinity", "global", "podSelector",
-                   "namespaceSelector", "metricsFrom[]", "aggregatorExtraFrom[]"}
+                   "namespaceSelector", "metricsFrom[]", "aggregatorExtraFrom[]", "from[]"}
     open_paths = []
 
     def walk(node: dict, path: str) -> None:
@@ -576,3 +576,42 @@ def test_trusted_forwarders_token_is_trusted_by_agents_and_aggregator_and_presen
         load_text(yaml.safe_dump(text), "rendered")
     plain = _agent_config(render({})[0])
     assert "trusted_forwarders" not in plain["receivers"]["otlp"]
+
+
+FAILOVER_VALUES: dict[str, Any] = {"aggregator": {"enabled": True, "security": {"tokenSecret": "agg-token"},
+                                                  "verdict": {"enabled": True, "tokenSecret": "verdict-token"}}}
+
+
+def test_the_aggregator_can_serve_the_verdict_and_jobs_api_for_failover_across_nodes(monkeypatch):
+    """Issue 19: each node's otel-gpu run reaches the aggregator's verdict API (decisions of the job), with a token,
+    from the training pods only; the aggregator runs health (drained devices)."""
+    monkeypatch.setenv("NODE_NAME", "gpu-node-1")
+    manifests, _ = render(FAILOVER_VALUES)
+    for m in manifests:
+        kubernetes_validate.validate({k: v for k, v in m.items() if k != "__template__"}, KUBE, strict=True)
+    agg = _configs(manifests)[f"{RELEASE}-otel-gpu-aggregator"]
+    load_text(yaml.safe_dump(agg), "aggregator")
+    verdict = agg["exporters"]["verdict"]
+    assert verdict["endpoint"] == "0.0.0.0:4319"
+    assert verdict["auth"] == {"bearer_token_file": "/var/run/secrets/otel-gpu/verdict/token"}
+    assert "verdict" in agg["service"]["pipelines"]["logs"]["exporters"]
+    for signal in ("metrics", "logs"):
+        assert agg["service"]["pipelines"][signal]["processors"][-1] == "health"
+    deploy = one(manifests, "Deployment", f"{RELEASE}-otel-gpu-aggregator")
+    container = deploy["spec"]["template"]["spec"]["containers"][0]
+    assert container_port(container, "verdict") == 4319
+    mounts = {v["mountPath"]: v["name"] for v in container["volumeMounts"]}
+    assert mounts["/var/run/secrets/otel-gpu/verdict"] == "verdict-token"
+    service = one(manifests, "Service", f"{RELEASE}-otel-gpu-aggregator")
+    assert {p["name"]: p["port"] for p in service["spec"]["ports"]}["verdict"] == 4319
+    policy = one(manifests, "NetworkPolicy", f"{RELEASE}-otel-gpu-aggregator")
+    rule = next(r for r in policy["spec"]["ingress"] if r["ports"][0]["port"] == 4319)
+    assert rule["from"][0]["podSelector"] == {"matchLabels": {"otel-gpu/send": "true"}}
+    with helm.Chart.load(str(CHART)) as chart:
+        with pytest.raises(helm.HelmError, match="aggregator.verdict.tokenSecret"):
+            chart.render({"aggregator": {"enabled": True, "security": {"tokenSecret": "t"},
+                                         "verdict": {"enabled": True}}}, name=RELEASE, namespace=NAMESPACE)
+        with pytest.raises(helm.HelmError, match="replicas: 1"):
+            chart.render({"aggregator": {"enabled": True, "replicas": 2, "security": {"tokenSecret": "t"},
+                                         "verdict": {"enabled": True, "tokenSecret": "v"}}},
+                         name=RELEASE, namespace=NAMESPACE)

@@ -191,7 +191,7 @@ def _decision_label(restart_count: int, decision: dict[str, Any] | None) -> str:
 
     >>> _decision_label(1, {"decision": "exclude_and_restart", "exclude_hosts": ["node1"], "joined": ["node2"],
     ...                     "time_saved_s": 2400})
-    'restart 1: without node1, spare node2 joined, saved ~40 min'
+    'restart 1: without node1, spare node2 joined, saved ~40.0 min'
     """
     if not isinstance(decision, dict):
         return f"restart {restart_count}"

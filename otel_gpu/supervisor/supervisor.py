@@ -96,12 +96,13 @@ class Supervisor:
         self.cmd, self.mode, self.policy, self.endpoint, self.job_id = list(cmd), mode, policy, endpoint, job_id
         self.out = out or sys.stderr
         token = verdict_token or os.environ.get("OTEL_GPU_VERDICT_TOKEN") or None
-        if not token and policy.verdict.bearer_token_file:
+        token_file = policy.verdict.bearer_token_file or os.environ.get("OTEL_GPU_VERDICT_TOKEN_FILE", "")
+        if not token and token_file:  # a mounted Secret (the Helm chart's aggregator.verdict.tokenSecret)
             try:
-                with open(policy.verdict.bearer_token_file, encoding="utf-8") as fh:
+                with open(token_file, encoding="utf-8") as fh:
                     token = fh.read().strip()
             except OSError as exc:
-                self.say(f"cannot read verdict.bearer_token_file ({exc.strerror}); asking without a token")
+                self.say(f"cannot read the verdict token file ({exc.strerror}); asking without a token")
         self.client = VerdictClient(verdict_url, token, policy.verdict.ca_file)
         #: Presented with the decisions this sends, so that a collector with trusted_forwarders keeps them (a
         #: restart decision is a record that acts: from an unauthenticated sender the collector drops it).

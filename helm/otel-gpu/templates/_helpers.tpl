@@ -116,6 +116,14 @@ the records that act (receivers.otlp.trusted_forwarders on the aggregator). */ -
 {{- if and $g.enabled (not $g.security.tokenSecret) (not $g.security.mutualTls) (not $g.security.allowUnauthenticated) -}}
 {{- fail "aggregator.enabled needs aggregator.security.tokenSecret (a Secret with key `token`; the agents send it) or aggregator.security.mutualTls: without either, any pod that reaches the aggregator's Service can send it telemetry. Set aggregator.security.allowUnauthenticated=true to install anyway (NOTES.txt then warns)" -}}
 {{- end -}}
+{{- if and $g.enabled $g.verdict.enabled -}}
+{{- if and (not $g.verdict.tokenSecret) (not $g.security.allowUnauthenticated) -}}
+{{- fail "aggregator.verdict.enabled needs aggregator.verdict.tokenSecret (a Secret with key `token`; each node's otel-gpu run reads it from OTEL_GPU_VERDICT_TOKEN_FILE): the API serves every job's verdicts and takes the jobs' restart decisions. Set aggregator.security.allowUnauthenticated=true to install anyway (reads open to the cluster, decisions only from the aggregator's own host)" -}}
+{{- end -}}
+{{- if gt (int $g.replicas) 1 -}}
+{{- fail "aggregator.verdict.enabled needs aggregator.replicas: 1 (the jobs' board lives in one aggregator's memory; shard jobs over several releases or a load-balancing collector instead, docs/scale.md)" -}}
+{{- end -}}
+{{- end -}}
 {{- $t := .Values.trainingEnv -}}
 {{- range $k, $v := $t.extra | default dict -}}
 {{- if or (contains "TOKEN" (upper $k)) (and (eq (upper $k) "OTEL_EXPORTER_OTLP_HEADERS") (contains "bearer" (lower (toString $v)))) -}}
@@ -238,9 +246,22 @@ spans are on the spans the backend stores (and nothing is sent twice). */ -}}
 {{- $_ := set $exporters "otlp/backend" (include "otel-gpu.backendExporter" . | fromYaml) -}}
 {{- $traceOut = append $traceOut "otlp/backend" -}}
 {{- end -}}
-{{- $pipelines := dict "traces" (dict "receivers" (list "otlp") "exporters" $traceOut) "metrics" (dict "receivers" (list "otlp") "exporters" (list "prometheus" "store")) "logs" (dict "receivers" (list "otlp") "exporters" (list "store")) -}}
+{{- $logsOut := list "store" -}}
+{{- if $g.verdict.enabled -}}
+{{- $verdict := dict "endpoint" (printf "0.0.0.0:%d" (int $g.verdict.port)) -}}
+{{- if $g.verdict.tokenSecret -}}{{- $_ := set $verdict "auth" (dict "bearer_token_file" "/var/run/secrets/otel-gpu/verdict/token") -}}{{- end -}}
+{{- if $g.security.tlsSecret -}}{{- $_ := set $verdict "tls" (dict "cert_file" "/var/run/secrets/otel-gpu/tls/tls.crt" "key_file" "/var/run/secrets/otel-gpu/tls/tls.key") -}}{{- end -}}
+{{- $_ := set $exporters "verdict" $verdict -}}
+{{- $logsOut = append $logsOut "verdict" -}}
+{{- end -}}
+{{- $pipelines := dict "traces" (dict "receivers" (list "otlp") "exporters" $traceOut) "metrics" (dict "receivers" (list "otlp") "exporters" (list "prometheus" "store")) "logs" (dict "receivers" (list "otlp") "exporters" $logsOut) -}}
 {{- $processors := include "otel-gpu.processors" (dict "Values" .Values "analyze" true "extra" $g.extraProcessors) | fromYaml -}}
 {{- range $name, $p := $pipelines -}}{{- if $processors.chain -}}{{- $_ := set $p "processors" $processors.chain -}}{{- end -}}{{- end -}}
+{{- if $g.verdict.enabled -}}
+{{- /* health: drained devices for the devices API, in the pipelines that carry device metrics and events. */ -}}
+{{- $_ := set $processors.settings "health" dict -}}
+{{- range $name := list "metrics" "logs" -}}{{- $p := index $pipelines $name -}}{{- $_ := set $p "processors" (append ($p.processors | default list) "health") -}}{{- end -}}
+{{- end -}}
 {{- $config := dict "receivers" $receivers "processors" $processors.settings "exporters" $exporters "service" (dict "pipelines" $pipelines) -}}
 {{- toYaml (mustMergeOverwrite $config (deepCopy ($g.config | default dict))) -}}
 {{- end -}}
