@@ -206,3 +206,13 @@ def test_a_drained_device_lets_its_host_be_excluded(exporter):
     answer = client.propose("j2", 0, {"decision": "exclude_and_restart", "exclude_hosts": ["node3"],
                                       "failure_id": "f2", "by": "node1"})
     assert answer["decision"]["members"] == ["node1", "node4"] and answer["decision"]["joined"] == ["node4"]
+
+
+def test_a_spare_with_a_drained_device_is_not_picked():
+    board = JobBoard()
+    for h in ("n0", "n1", "sick", "well"):
+        board.register("j", h, h, nnodes=2)
+    failures = {"f": _failure("j", "f", "n1")}
+    d = board.propose("j", 0, {"decision": "exclude_and_restart", "exclude_hosts": ["n1"], "failure_id": "f",
+                               "by": "n0"}, failures, drained_hosts=lambda: {"sick"})["decision"]
+    assert d["members"] == ["n0", "well"] and d["joined"] == ["well"]

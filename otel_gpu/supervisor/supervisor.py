@@ -429,7 +429,8 @@ class Supervisor:
             if decision.decision == "leave":
                 return EXIT_EXCLUDED
             if decision.decision not in _RESTARTING:
-                return 0 if decision.decision == "done" else (launch.status or 1)
+                # done: the job completed (on many nodes a node whose own part failed still says so by its status)
+                return (launch.status or 0) if decision.decision == "done" else (launch.status or 1)
             time.sleep(decision.backoff_s)
             if self._stop_requested is not None:
                 self.say("stopped by a signal during the backoff; not restarting")
@@ -600,7 +601,12 @@ class Supervisor:
                 if self.job is not None and d.time_saved_s is not None:
                     d.time_saved_s = round(d.time_saved_s + RDZV_JOIN_TIMEOUT_S, 1)
             d.decision = "exclude_and_restart"
+        if not act and self.job is not None:  # the job's nodes, members and spares: a drained one stays out
+            nodes = set(self.job.members()) | {h for h in self.job.state.get("spares") or [] if isinstance(h, str)}
+            self.hosts |= nodes
         drained = self.exclude_drained(run_hooks=act)
+        if drained and not act and self.job is not None:
+            drained = [e for e in drained if e.get("host") in self.hosts]
         if drained:
             d.drained = drained
             d.decision = "exclude_and_restart"
@@ -668,8 +674,25 @@ class Supervisor:
                 if body["failure_id"] is not None and "is not a failure" in str(exc):
                     body["failure_id"] = None
             except (VerdictUnavailable, ValueError) as exc:
-                self.say(f"cannot reach the job's board ({exc})")
-                return False, None
+                return self._propose_later(body, exc)
+        return False, None
+
+    def _propose_later(self, body: dict[str, Any], exc: Exception) -> tuple[bool, dict[str, Any] | None]:
+        """The board did not answer: the other nodes decide with it, so ask again (and look for their decision)
+        for ``verdict.wait`` before this node acts alone (it then stops; it never restarts alone)."""
+        job = self.job
+        assert job is not None
+        self.say(f"cannot reach the job's board ({exc}); asking again for {self.policy.verdict.wait_s:.0f} s")
+        deadline = time.monotonic() + self.policy.verdict.wait_s
+        while time.monotonic() < deadline and self._stop_requested is None:
+            time.sleep(1.0)
+            try:
+                return job.propose(body)
+            except Refused:
+                made = job.made()
+                return (False, made) if made is not None else (False, None)
+            except (VerdictUnavailable, ValueError):
+                continue
         return False, None
 
     def _carry_out(self, made: dict[str, Any], ours: bool, proposal: Decision | None, launch, started: float,

@@ -206,14 +206,14 @@ class JobBoard:
             if exclude and kind != "exclude_and_restart" and kind not in ("stop", "give_up"):
                 raise Refused("exclude_hosts needs decision exclude_and_restart (or stop/give_up)")
             culprit = ((failure or {}).get("culprit") or {}).get("host")
-            drained = drained_hosts() if drained_hosts is not None and any(h != culprit for h in exclude) else set()
+            drained = drained_hosts() if drained_hosts is not None else set()
             for host in exclude:
                 if host not in job.nodes:
                     raise Refused(f"{host!r} is not a node of job {job_id[:80]!r}", 409)
                 if host != culprit and host not in drained:
                     raise Refused(f"no failure this collector holds blames {host!r} (culprit "
                                   f"{str(culprit)[:80]!r}) and none of its devices is drained: not excluded", 409)
-            decision = self._apply(job, generation, kind, exclude, proposal, failure, now)
+            decision = self._apply(job, generation, kind, exclude, proposal, failure, now, drained)
             return {"accepted": True, "decision": copy.deepcopy(decision), "state": job.state(by)}
 
     @staticmethod
@@ -224,7 +224,8 @@ class JobBoard:
         return None
 
     def _apply(self, job: _Job, generation: int, kind: str, exclude: list[str], proposal: dict[str, Any],
-               failure: dict[str, Any] | None, now: float) -> dict[str, Any]:
+               failure: dict[str, Any] | None, now: float,
+               drained: set[str] | frozenset[str] = frozenset()) -> dict[str, Any]:
         reason = _text(proposal.get("reason")) or ""
         for host in exclude:
             job.excluded[host] = (f"{failure.get('root_cause')}" if failure and
@@ -233,7 +234,8 @@ class JobBoard:
         joined: list[str] = []
         spares = [s for s in job.spares if s not in job.excluded]
         if kind in _RESTARTING:
-            fresh = [s for s in spares if now - job.nodes[s].get("seen", 0.0) <= SPARE_FRESH_S]
+            # A spare that has gone quiet may be gone; one with a drained device would bring the fault back.
+            fresh = [s for s in spares if now - job.nodes[s].get("seen", 0.0) <= SPARE_FRESH_S and s not in drained]
             while len(members) < job.nnodes and fresh:
                 host = fresh.pop(0)
                 spares.remove(host)
