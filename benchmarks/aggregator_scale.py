@@ -423,8 +423,15 @@ def run_one(n_ranks: int, seconds: int, hang_at: float | None, node_refresh_s: i
 
         profiler.disable()
         out = io.StringIO()
-        pstats.Stats(profiler, stream=out).sort_stats(os.environ.get("BENCH_PROFILE_SORT", "tottime")).print_stats(18)
-        top = [line.rstrip() for line in out.getvalue().splitlines() if line.strip()][-19:]
+        lines = int(os.environ.get("BENCH_PROFILE_LINES", "18"))
+        stats = pstats.Stats(profiler, stream=out).sort_stats(os.environ.get("BENCH_PROFILE_SORT", "tottime"))
+        stats.print_stats(lines)
+        top = [line.rstrip() for line in out.getvalue().splitlines() if line.strip()][-(lines + 1):]
+        if os.environ.get("BENCH_PROFILE_CALLERS"):  # who calls a function: a regular expression of its name
+            out = io.StringIO()
+            stats.stream = out  # type: ignore[attr-defined]
+            stats.print_callers(os.environ["BENCH_PROFILE_CALLERS"])
+            top += [line.rstrip() for line in out.getvalue().splitlines() if line.strip()]
     collector.shutdown()
     hang = [r for r in records if r.kind.value == "hang" and r.job_id == JOB and not r.withdrawn]
     crash = [r for r in records if r.kind.value == "crash" and r.job_id == crash_gen.job]

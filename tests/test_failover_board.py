@@ -216,3 +216,38 @@ def test_a_spare_with_a_drained_device_is_not_picked():
     d = board.propose("j", 0, {"decision": "exclude_and_restart", "exclude_hosts": ["n1"], "failure_id": "f",
                                "by": "n0"}, failures, drained_hosts=lambda: {"sick"})["decision"]
     assert d["members"] == ["n0", "well"] and d["joined"] == ["well"]
+
+
+def test_after_the_aggregator_restarts_the_nodes_tell_the_board_where_the_job_is():
+    """The board lives in the aggregator's memory: a restarted aggregator knows no job. Each node's link registers
+    again with its generation and role when the board answers 404, and the job's next decision is made as before."""
+    cfg = build(VerdictExporterConfig, {"endpoint": "127.0.0.1:0", "auth": {"bearer_token": TOKEN}},
+                "exporters.verdict")
+    first = FACTORY.create(cfg, ComponentHost("verdict", _Telemetry()))
+    first.start()
+    port = first.port
+    cmd = ["torchrun", "--nnodes", "2", "--rdzv-endpoint", "node0:29400", "-m", "train"]
+    links = {h: JobLink(VerdictClient(first.url, TOKEN), "j", h, cmd) for h in ("node0", "node1", "node2")}
+    assert [links[h].register() for h in ("node0", "node1", "node2")] == ["active", "active", "spare"]
+    _deliver(first, _failure("j", "f1", "node0"))
+    ours, made = links["node1"].propose({"decision": "exclude_and_restart", "exclude_hosts": ["node0"],
+                                         "failure_id": "f1"})
+    assert ours and made["members"] == ["node1", "node2"] and made["rdzv_host"] == "node1"
+    for h in ("node1", "node2"):
+        links[h].generation = made["next_generation"]
+        links[h].refresh()
+    first.shutdown()
+    cfg2 = build(VerdictExporterConfig, {"endpoint": f"127.0.0.1:{port}", "auth": {"bearer_token": TOKEN}},
+                 "exporters.verdict")
+    second = FACTORY.create(cfg2, ComponentHost("verdict", _Telemetry()))
+    second.start()
+    try:
+        # node2 (a member now) asks first: it must not become a spare, nor the job fall back to generation 0.
+        state = links["node2"].refresh()
+        assert state["generation"] == 1 and state["role"] == "active" and state["rdzv_host"] == "node1"
+        assert links["node1"].refresh()["members"] == ["node2", "node1"]
+        _deliver(second, _failure("j", "f2", "node2", cause="rank_process_died", kind="crash"))
+        ours, made = links["node1"].propose({"decision": "restart", "failure_id": "f2"})
+        assert ours and made["generation"] == 1 and made["next_generation"] == 2
+    finally:
+        second.shutdown()

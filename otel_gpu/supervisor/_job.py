@@ -65,9 +65,31 @@ class JobLink:
         return str(self.state.get("role"))
 
     def refresh(self) -> dict[str, Any]:
-        """The board's state now (raises VerdictUnavailable)."""
-        self.state = self.client.job_state(self.job_id, self.host)
+        """The board's state now (raises VerdictUnavailable). A board that does not know the job (the aggregator
+        restarted and lost it) is told again: this node's generation and role."""
+        from otel_gpu.supervisor._verdict import VerdictUnavailable
+
+        known = self.state
+        try:
+            state = self.client.job_state(self.job_id, self.host)
+        except VerdictUnavailable as exc:
+            if "HTTP 404" not in str(exc) or not known:
+                raise
+            self._register_again()
+            return self.state
+        if state.get("role") == "unknown" and known:  # another node told the board again first; now this one
+            self._register_again()
+        else:
+            self.state = state
         return self.state
+
+    def _register_again(self) -> None:
+        role = self.state.get("role") if self.state.get("role") in ("active", "spare") else (
+            "active" if self.host in self.members() else "spare")
+        rdzv = self.state.get("rdzv_host")
+        self.state = self.client.register(self.job_id, self.host, self.rdzv_host, self.nnodes, self.min_nodes,
+                                          rdzv if isinstance(rdzv, str) else self.rdzv_endpoint_host,
+                                          generation=self.generation, was=role)
 
     def made(self) -> dict[str, Any] | None:
         """The decision for the generation this node runs, if one was made (by any node); None also when the board
@@ -81,7 +103,15 @@ class JobLink:
 
     def propose(self, proposal: dict[str, Any]) -> tuple[bool, dict[str, Any]]:
         """(ours, the winning decision) for this node's generation. Raises VerdictUnavailable / Refused."""
-        answer = self.client.propose(self.job_id, self.generation, dict(proposal, by=self.host))
+        from otel_gpu.supervisor._verdict import Refused
+
+        try:
+            answer = self.client.propose(self.job_id, self.generation, dict(proposal, by=self.host))
+        except Refused as exc:
+            if "unknown job" not in str(exc) or not self.state:
+                raise
+            self._register_again()  # the board forgot the job: tell it again, then propose
+            answer = self.client.propose(self.job_id, self.generation, dict(proposal, by=self.host))
         state = answer.get("state")
         if isinstance(state, dict):
             self.state = state

@@ -82,7 +82,7 @@ class VerdictClient:
 
     def _get(self, path: str, body: dict[str, Any] | None = None) -> Any:
         """GET ``path`` (POST ``body`` as JSON when given). Raises VerdictUnavailable; :class:`Refused` for a
-        request the API answered 400/409 (its message says why)."""
+        request the API answered 400/404/409 (its message says why)."""
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(self.url + path, data=data,  # noqa: S310 - http(s) only
                                      headers={"Accept": "application/json", "Content-Type": "application/json"})
@@ -92,7 +92,7 @@ class VerdictClient:
             with urllib.request.urlopen(req, timeout=self.timeout_s, context=self._ssl) as resp:  # noqa: S310
                 return json.loads(resp.read())
         except urllib.error.HTTPError as exc:
-            if exc.code in (400, 409) and body is not None:
+            if exc.code in (400, 404, 409) and body is not None:
                 try:
                     why = json.loads(exc.read()).get("error")
                 except (OSError, ValueError, AttributeError):
@@ -145,12 +145,16 @@ class VerdictClient:
 
     # -- many nodes (otel_gpu.exporters.verdict.jobs) -------------------------------------------------------------
     def register(self, job_id: str, host: str, rdzv_host: str, nnodes: int, min_nodes: int,
-                 rdzv_endpoint_host: str | None) -> dict[str, Any]:
-        """Joins ``host`` to the job's board; the job's state with this host's ``role``. Raises VerdictUnavailable
+                 rdzv_endpoint_host: str | None, generation: int | None = None,
+                 was: str | None = None) -> dict[str, Any]:
+        """Joins ``host`` to the job's board; the job's state with this host's ``role``. ``generation`` / ``was``:
+        registering again with a board that forgot the job (the aggregator restarted). Raises VerdictUnavailable
         (also for a collector without the jobs API: HTTP 404/405) or Refused."""
-        return self._dict(self._get("/api/v1/jobs/register", {
-            "job_id": job_id, "host": host, "rdzv_host": rdzv_host, "nnodes": nnodes, "min_nodes": min_nodes,
-            "rdzv_endpoint_host": rdzv_endpoint_host}))
+        body: dict[str, Any] = {"job_id": job_id, "host": host, "rdzv_host": rdzv_host, "nnodes": nnodes,
+                                "min_nodes": min_nodes, "rdzv_endpoint_host": rdzv_endpoint_host}
+        if generation is not None:
+            body.update(generation=generation, was=was)
+        return self._dict(self._get("/api/v1/jobs/register", body))
 
     def job_state(self, job_id: str, host: str) -> dict[str, Any]:
         """The job's membership and decisions (asking also says this host is alive)."""

@@ -288,7 +288,8 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             if url.path == _REGISTER_PATH:
                 self._send(200, board.register(job_id, body.get("host"), body.get("rdzv_host"), body.get("nnodes"),
-                                               body.get("min_nodes"), body.get("rdzv_endpoint_host")))
+                                               body.get("min_nodes"), body.get("rdzv_endpoint_host"),
+                                               body.get("generation"), body.get("was")))
             else:
                 self._send(200, board.propose(job_id, body.get("generation"), body.get("decision"),
                                               self.owner.job_failures(job_id), self.owner.drained_hosts))

@@ -120,13 +120,23 @@ class JobBoard:
 
     # -- nodes ---------------------------------------------------------------------------------------------------
     def register(self, job_id: str, host: str, rdzv_host: str, nnodes: int, min_nodes: int | None = None,
-                 rdzv_endpoint_host: str | None = None) -> dict[str, Any]:
+                 rdzv_endpoint_host: str | None = None, generation: int | None = None,
+                 was: str | None = None) -> dict[str, Any]:
         """Adds ``host`` to the job (idempotent): a member while the first generation still has room, else a spare.
-        Returns the job's state with this host's ``role`` (active, spare, excluded)."""
+        Returns the job's state with this host's ``role`` (active, spare, excluded).
+
+        After the aggregator restarted the board is empty while the job runs on: a node registering again says the
+        ``generation`` it runs and the role it ``was`` (active, spare); a board that has decided nothing yet takes
+        the highest generation it hears and gives each node its old role (members up to ``nnodes``)."""
         _host(host, "host")
         _host(rdzv_host, "rdzv_host")
         if rdzv_endpoint_host is not None:
             _host(rdzv_endpoint_host, "rdzv_endpoint_host")
+        if generation is not None and (isinstance(generation, bool) or not isinstance(generation, int)
+                                       or not 0 <= generation <= 1_000_000):
+            raise Refused(f"generation must be an integer >= 0 (got {generation!r})")
+        if was not in (None, "active", "spare"):
+            raise Refused(f"was must be active or spare (got {str(was)[:20]!r})")
         if isinstance(nnodes, bool) or not isinstance(nnodes, int) or not 1 <= nnodes <= MAX_NODES:
             raise Refused(f"nnodes must be an integer 1..{MAX_NODES} (got {nnodes!r})")
         low = nnodes if min_nodes is None else min_nodes
@@ -143,13 +153,21 @@ class JobBoard:
             if (nnodes, low) != (job.nnodes, job.min_nodes):
                 raise Refused(f"nnodes {low}:{nnodes} differs from the job's {job.min_nodes}:{job.nnodes} (every "
                               "node must run the same torchrun command)", 409)
+            if generation and not job.decisions and generation > job.generation:
+                job.generation = generation  # a board that lost its memory learns where the job is
+                if rdzv_endpoint_host is not None:
+                    job.rdzv_host = rdzv_endpoint_host
             if host not in job.nodes:
                 if len(job.nodes) >= MAX_NODES:
                     raise Refused(f"the job already has {MAX_NODES} nodes", 409)
                 job.nodes[host] = {"rdzv_host": rdzv_host, "registered": now}
                 if host not in job.excluded:
-                    fresh = job.generation == 0 and not job.decisions and len(job.members) < job.nnodes
-                    (job.members if fresh else job.spares).append(host)
+                    room = not job.decisions and len(job.members) < job.nnodes
+                    member = room and (was == "active" or (was is None and job.generation == 0))
+                    (job.members if member else job.spares).append(host)
+            elif was == "active" and host in job.spares and not job.decisions and len(job.members) < job.nnodes:
+                job.spares.remove(host)  # it ran as a member before the board forgot: it still does
+                job.members.append(host)
             job.nodes[host]["seen"] = now
             job.updated = now
             return job.state(host)
