@@ -170,3 +170,64 @@ def test_a_sigkilled_rank_restarts_the_job_in_place(bed):
     assert [(d["decision"], d.get("root_cause")) for d in run["restarts"]] == \
         [("restart", "rank_process_died"), ("done", None)], run["restarts"]
     assert "ended (done) without needing this spare" in run["outputs"]["node2"]
+
+
+@pytest.mark.timeout(400)
+def test_without_a_spare_an_elastic_job_goes_on_smaller_when_the_policy_allows_and_stops_when_it_does_not(bed):
+    """torchrun --nnodes 1:2 on node0 and node1, no spare; node1's link is cut. With nodes.allow_shrink the job
+    resumes on node0 alone from its checkpoint; without it every node stops with the diagnosis."""
+    policy = dict(POLICY, nodes={"allow_shrink": True})
+    job = bed.launch_failover(steps=STEPS, policy=policy, rdzv_id="fo-shrink", nnodes="1:2", spares=0)
+    node1 = bed.hosts[1]
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not any(p.get("event") == "first_step" for p in bed.progress()):
+            time.sleep(0.3)
+        time.sleep(FAULT_AFTER_S)
+        bed.cut_link(node1)
+        rcs = job.wait(180)
+    finally:
+        job.stop()
+        node1.set_link("data0", up=True)
+    print(_outputs(job))
+    starts = _starts({"progress": bed.progress()})
+    assert rcs == {"node0": 0, "node1": 75}, rcs
+    assert [(s["hosts"], s["world"]) for s in starts] == [(["node0", "node1"], 4), (["node0"], 2)], starts
+    assert starts[1]["resumed_from"] > 0
+    assert "--nnodes 1 " in job.output("node0")  # the rendezvous completes at once with the one member
+
+    job = bed.launch_failover(steps=STEPS, policy=POLICY, rdzv_id="fo-noshrink", nnodes="1:2", spares=0)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not any(p.get("event") == "first_step" for p in bed.progress()):
+            time.sleep(0.3)
+        time.sleep(FAULT_AFTER_S)
+        bed.cut_link(node1)
+        rcs = job.wait(180)
+    finally:
+        job.stop()
+        node1.set_link("data0", up=True)
+    print(_outputs(job))
+    assert rcs["node0"] not in (0, None) and rcs["node1"] not in (0, None), rcs
+    assert len(_starts({"progress": bed.progress()})) == 1
+    assert "no spare node to take the place of node1" in job.output("node0")
+    assert "(nic_link_down, infrastructure)" in job.output("node0")  # the diagnosis
+
+
+@pytest.mark.timeout(400)
+def test_the_restart_budget_is_the_jobs_not_each_nodes(bed):
+    """A rank killed at every start, budget 1 restart: one restart of the whole job, then every node gives up (a
+    budget per node would have let each node spend its own)."""
+    policy = dict(POLICY, budget={"max_restarts": 1, "backoff_initial": "1s"})
+    run_env = {"OTEL_GPU_FAULT": "sigkill", "OTEL_GPU_FAULT_RANK": "3", "OTEL_GPU_FAULT_STEP": "30",
+               "OTEL_GPU_FAULT_ONCE": "0"}
+    job = bed.launch_failover(steps=STEPS, policy=policy, rdzv_id="fo-budget", env=run_env)
+    try:
+        rcs = job.wait(240)
+    finally:
+        job.stop()
+    print(_outputs(job))
+    assert len(_starts({"progress": bed.progress()})) == 2, bed.progress()
+    assert rcs["node0"] not in (0, None) and rcs["node1"] not in (0, None), rcs
+    assert "ended (give_up) without needing this spare" in job.output("node2")
+    assert any("GIVE_UP" in job.output(h) for h in ("node0", "node1"))

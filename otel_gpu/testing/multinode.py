@@ -339,14 +339,15 @@ class Bed:
     def launch_failover(self, *, active: int = 2, ranks_per_host: int = 2, steps: int = 300,
                         step_sleep_s: float = 0.05, rdzv_id: str = "failover", env: dict[str, str] | None = None,
                         policy: dict | None = None, nnodes: str | None = None, spare_delay_s: float = 0.0,
-                        supervised: bool = True, torchrun_restarts: int = 0) -> Job:
+                        supervised: bool = True, torchrun_restarts: int = 0, spares: int | None = None) -> Job:
         """Every node host runs the same ``otel-gpu run --restart auto --verdict-url http://agg:4319 --policy P --
         torchrun --nnodes N ... -m otel_gpu.testing.restart_train`` (docs/restart.md, "Many nodes"); the first
         ``active`` hosts register first (the job's members), the others after them (spares). The training script
         checkpoints into a directory every host sees (``shared``, as a shared filesystem would be).
 
         ``supervised=False``: the baseline, plain elastic torchrun (``--max-restarts torchrun_restarts``) under
-        ``otel-gpu run`` that only observes; the spares start once the members train (torchrun's own spares)."""
+        ``otel-gpu run`` that only observes; the spares start once the members train (torchrun's own spares).
+        ``spares``: how many of the other hosts take part as spares (default: all)."""
         shared = self.cluster.root / "shared"
         shared.mkdir(exist_ok=True)
         for stale in list(shared.glob("fault-*-struck")) + [shared / "progress.jsonl", shared / "checkpoint.pt"]:
@@ -357,7 +358,8 @@ class Bed:
         launchers, logs = {}, {}
         job = Job(launchers, logs, rdzv_id)
         self.jobs.append(job)
-        for i, host in enumerate(self.hosts):
+        hosts = self.hosts[:active + spares] if spares is not None else self.hosts
+        for i, host in enumerate(hosts):
             torchrun = [os.path.join(bindir, "torchrun"), "--nnodes", nnodes or str(active), "--nproc-per-node",
                         str(ranks_per_host), "--rdzv-backend", "c10d", "--rdzv-endpoint",
                         f"{self.hosts[0].name}:{RDZV_PORT}", "--rdzv-id", rdzv_id, "--max-restarts",
