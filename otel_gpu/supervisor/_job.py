@@ -8,14 +8,19 @@ same one (docs/restart.md, "Many nodes").
 """
 from __future__ import annotations
 
+import collections
 import os
 import socket
+import time
 from typing import Any
 
+from otel_gpu.failure import FailureRecord, format_failure
 from otel_gpu.supervisor import _torchrun
-from otel_gpu.supervisor._verdict import VerdictClient
+from otel_gpu.supervisor._decision import RESTARTING, DecidedElsewhere, Decision
+from otel_gpu.supervisor._hooks import HookRefused, hook_fields
+from otel_gpu.supervisor._verdict import Refused, VerdictClient, VerdictUnavailable
 
-__all__ = ["EXIT_EXCLUDED", "JobLink", "made_for"]
+__all__ = ["EXIT_EXCLUDED", "JobLink", "ManyNodes", "made_for"]
 
 #: Exit status of ``otel-gpu run`` on a node the job's decision excluded (EX_TEMPFAIL: the job goes on elsewhere).
 EXIT_EXCLUDED = 75
@@ -138,3 +143,223 @@ class JobLink:
         nnodes = members if members and (members != self.nnodes or self.min_nodes != self.nnodes) else None
         return _torchrun.rewrite(self.cmd, rdzv if isinstance(rdzv, str) and rdzv != self.rdzv_endpoint_host
                                  else None, nnodes)
+
+
+class ManyNodes:
+    """The many-node part of :class:`otel_gpu.supervisor.Supervisor` (a mixin: it uses the supervisor's policy,
+    client, output and one-node decision): register, wait as a spare, propose, and carry out the job's decision."""
+
+    job: JobLink | None
+    def _job_decide(self, launch, started: float, outcome: dict) -> Decision:
+        """Many nodes: the job's decision for this generation (another node's, or this node's proposal if it wins),
+        carried out here: restart as a member, leave as an excluded node, or stop."""
+        job = self.job
+        assert job is not None
+        generation = job.generation
+        made = outcome.get("job_decision") or job.made()
+        proposal: Decision | None = None
+        if made is None:
+            try:
+                proposal = self._make_decision(launch, generation, generation, started, outcome, act=False)
+            except DecidedElsewhere as exc:
+                made = exc.decision
+        ours = False
+        if made is None and proposal is not None:
+            ours, made = self._propose(proposal, launch.status)
+            if made is None:  # the board does not answer: this node stops alone; it never restarts on its own
+                if proposal.decision in RESTARTING:
+                    proposal.decision = "stop"
+                    proposal.reason = ("the job's aggregator does not answer: a node cannot restart a job of many "
+                                       "alone; stopping")
+                proposal.exclude_hosts = None
+                return proposal
+        assert made is not None
+        return self._carry_out(made, ours, proposal, launch, started, outcome)
+
+    def _propose(self, proposal: Decision, status: int | None) -> tuple[bool, dict[str, Any] | None]:
+        job = self.job
+        assert job is not None
+        body: dict[str, Any] = {
+            "decision": proposal.decision, "failure_id": proposal.failure_id, "reason": proposal.reason,
+            "exit_status": status, "backoff_s": proposal.backoff_s, "exclude_hosts": proposal.exclude_hosts or [],
+            "allow_shrink": self.policy.nodes.allow_shrink}
+        for attempt in range(2):
+            try:
+                return job.propose(body)
+            except Refused as exc:
+                if attempt:
+                    self.say(f"the job's board refused this node's stop too ({exc})")
+                    return False, None
+                self.say(f"the job's board refused this node's proposal ({exc}); proposing to stop instead")
+                body.update(decision="stop", exclude_hosts=[], reason=f"proposal refused: {exc}",
+                            exit_status=status or 1)
+                if body["failure_id"] is not None and "is not a failure" in str(exc):
+                    body["failure_id"] = None
+            except (VerdictUnavailable, ValueError) as exc:
+                return self._propose_later(body, exc)
+        return False, None
+
+    def _propose_later(self, body: dict[str, Any], exc: Exception) -> tuple[bool, dict[str, Any] | None]:
+        """The board did not answer: the other nodes decide with it, so ask again (and look for their decision)
+        for ``verdict.wait`` before this node acts alone (it then stops; it never restarts alone)."""
+        job = self.job
+        assert job is not None
+        self.say(f"cannot reach the job's board ({exc}); asking again for {self.policy.verdict.wait_s:.0f} s")
+        deadline = time.monotonic() + self.policy.verdict.wait_s
+        while time.monotonic() < deadline and self._stop_requested is None:
+            time.sleep(1.0)
+            try:
+                return job.propose(body)
+            except Refused:
+                made = job.made()
+                return (False, made) if made is not None else (False, None)
+            except (VerdictUnavailable, ValueError):
+                continue
+        return False, None
+
+    def _carry_out(self, made: dict[str, Any], ours: bool, proposal: Decision | None, launch, started: float,
+                   outcome: dict) -> Decision:
+        job = self.job
+        assert job is not None
+        kind = made.get("decision") if made.get("decision") in ("restart", "exclude_and_restart", "stop",
+                                                                 "give_up", "done") else "stop"
+        excluded = [h for h in made.get("exclude_hosts") or [] if isinstance(h, str)]
+        members = [h for h in made.get("members") or [] if isinstance(h, str)]
+        by = made.get("by") if isinstance(made.get("by"), str) else None
+        d = proposal if (ours and proposal is not None) else Decision(
+            job_id=self.job_id, incarnation=job.generation, restart_count=job.generation, time=time.time(),
+            trigger="job_decision", exit_status=launch.status, decision=kind, reason="",
+            incarnation_start=round(started, 3), incarnation_end=round(outcome["ended"], 3))
+        d.decision, d.exit_status = kind, launch.status
+        d.generation, d.decided_by, d.host = job.generation, by, self.local_host
+        d.members, d.joined, d.exclude_hosts = members, list(made.get("joined") or []), excluded
+        if not ours:
+            for key in ("failure_id", "root_cause", "kind", "action"):
+                if isinstance(made.get(key), str):
+                    setattr(d, key, made[key])
+            backoff = made.get("backoff_s")
+            d.backoff_s = float(backoff) if isinstance(backoff, (int, float)) else 0.0
+            d.reason = f"the job's decision, made by {by or '?'}: {made.get('reason') or kind}"
+        if kind in ("stop", "give_up", "done") and ours and made.get("reason"):
+            d.reason = str(made["reason"])
+        d.excluded = ", ".join(f"host {h}" for h in excluded) or None
+        record = outcome.get("record")
+        d.job_decision = kind
+        if self.local_host in excluded:
+            self._hook_for(made, record, self.local_host, d)
+            d.decision = "leave"
+            d.reason = (f"this node ({self.local_host}) leaves the job: {made.get('root_cause') or 'excluded'} "
+                        f"(the job's decision, made by {by or '?'}); "
+                        + ("the job goes on without it" if kind in RESTARTING else f"the job stops: {d.reason}"))
+        elif made.get("root_cause") == "node_lost" and by == self.local_host:
+            for host in excluded:  # the lost node cannot run its own hook
+                self._hook_for(made, record, host, d)
+        if kind in ("stop", "give_up") and not outcome.get("printed"):
+            record = record or self._record_of(made.get("failure_id"))
+            if record is not None:
+                self._emit(format_failure(record))
+                outcome["printed"] = True
+        if kind in RESTARTING and d.decision != "leave":
+            if self.local_host not in members:
+                d.decision = "leave"
+                d.reason = f"this node ({self.local_host}) is not among the next nodes ({', '.join(members)})"
+            else:
+                now = time.time()
+                d.restarts_in_window = self._sync_budget(now)
+                job.generation = int(made.get("next_generation") or job.generation + 1)
+                job.state.update(members=members, rdzv_host=made.get("rdzv_host"))
+                wait = max(0.0, float(made.get("time") or now) + d.backoff_s - now)
+                d.backoff_s = round(min(wait, d.backoff_s), 2)
+        self._export_decision = ours
+        return d
+
+    def _record_of(self, failure_id: Any) -> FailureRecord | None:
+        if not isinstance(failure_id, str):
+            return None
+        try:
+            return next((r for r in self.client.failures(self.job_id) if r.failure_id == failure_id), None)
+        except VerdictUnavailable:
+            return None
+
+    def _hook_for(self, made: dict[str, Any], record: FailureRecord | None, host: str, d: Decision) -> None:
+        """Runs ``hooks.exclude`` for ``host`` (the culprit's fields when the verdict names that host)."""
+        if not self.policy.hooks.exclude_argv:
+            return
+        record = record if record is not None and record.failure_id == made.get("failure_id") else \
+            self._record_of(made.get("failure_id"))
+        try:
+            if record is not None and record.culprit.host == host:
+                fields = self._hook_fields(record)
+            else:
+                fields = hook_fields("device_drain", host, None, None, self.job_id)
+            d.hook = self._run_hook(fields)
+        except HookRefused as exc:
+            self.say(f"exclude hook not run for {host}: {exc}")
+
+    def _sync_budget(self, now: float) -> int:
+        """The job's restarts in the budget's window, from the board's decisions (the budget is the job's)."""
+        job = self.job
+        assert job is not None
+        decisions = job.state.get("decisions")
+        times = sorted(float(x["time"]) for x in decisions if isinstance(x, dict) and x.get("decision") in
+                       RESTARTING and isinstance(x.get("time"), (int, float))) if isinstance(decisions,
+                                                                                              list) else []
+        self.restart_times = collections.deque(t for t in times if t >= now - self.policy.budget.window_s)
+        return len(self.restart_times)
+
+    def _wait_as_spare(self) -> int | None:
+        """A spare waits (starting nothing: a waiting torchrun would restart the running job's rendezvous) until
+        the job's decision names it a member; returns None to start, or the exit status when the job ended."""
+        job = self.job
+        assert job is not None
+        self.say(f"spare node {self.local_host} for job {self.job_id} (members: {', '.join(job.members())}): "
+                 "waiting until a decision of the job needs it")
+        poll = self.policy.verdict.poll_interval_s
+        while self._stop_requested is None:
+            time.sleep(poll)
+            try:
+                state = job.refresh()
+            except VerdictUnavailable:
+                continue
+            if self.local_host in job.members():
+                generation = state.get("generation")
+                job.generation = generation if isinstance(generation, int) else job.generation
+                made = made_for(state, job.generation - 1) or {}
+                self._sync_budget(time.time())
+                wait = float(made.get("time") or 0) + float(made.get("backoff_s") or 0) - time.time()
+                self.say(f"joining job {self.job_id} as a member of generation {job.generation} (in place of "
+                         f"{', '.join(made.get('exclude_hosts') or []) or 'a node'}, decided by "
+                         f"{made.get('by') or '?'})")
+                if wait > 0:
+                    time.sleep(min(wait, 3600.0))
+                return None
+            ended = state.get("ended")
+            if ended:
+                self.say(f"job {self.job_id} ended ({ended}) without needing this spare")
+                return 0 if ended == "done" else 1
+            if self.local_host in (state.get("excluded") or {}):
+                self.say(f"this node ({self.local_host}) was excluded from job {self.job_id}")
+                return EXIT_EXCLUDED
+        return 128 + self._stop_requested
+
+    def _join(self) -> int | None:
+        """Many nodes: registers with the job's board; None to start, or the exit status (a spare whose job ended,
+        an excluded node). Without a board (an older collector, or none) the job runs as on one node."""
+        job = self.job
+        assert job is not None
+        try:
+            role = job.register()
+        except (VerdictUnavailable, Refused) as exc:
+            self.say(f"the job's board at {self.client.url} cannot coordinate the {job.nnodes} nodes ({exc}): this "
+                     "node acts alone and never restarts a job of many nodes by itself")
+            self.job = None
+            self._alone = True
+            return None
+        self.say(f"job {self.job_id}: this node ({self.local_host}) is {role} (generation {job.generation}; "
+                 f"members {', '.join(job.members())})")
+        if role == "spare":
+            return self._wait_as_spare()
+        if role == "excluded":
+            self.say(f"this node ({self.local_host}) was excluded from job {self.job_id}: not starting")
+            return EXIT_EXCLUDED
+        return None

@@ -7,85 +7,25 @@ import logging
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from typing import Any, TextIO
 
 from otel_gpu.failure import FailureRecord, Kind, format_failure, printable
+from otel_gpu.supervisor._decision import RDZV_JOIN_TIMEOUT_S, RESTARTING, DecidedElsewhere, Decision
 from otel_gpu.supervisor._hooks import HookRefused, hook_fields, run_hook
-from otel_gpu.supervisor._job import EXIT_EXCLUDED, JobLink, made_for
+from otel_gpu.supervisor._job import EXIT_EXCLUDED, JobLink, ManyNodes
 from otel_gpu.supervisor._proctree import become_subreaper, stop_tree
-from otel_gpu.supervisor._verdict import Refused, VerdictClient, VerdictUnavailable
+from otel_gpu.supervisor._verdict import VerdictClient, VerdictUnavailable
 from otel_gpu.supervisor.policy import Policy
 
 __all__ = ["Decision", "Supervisor"]
 
 _logger = logging.getLogger(__name__)
-_RESTARTING = ("restart", "exclude_and_restart")
-#: What a blind restart (torchrun's own) costs on top when it lands on the broken node again: its rendezvous waits
-#: for that node for torchrun's default join timeout.
-RDZV_JOIN_TIMEOUT_S = 600.0
-
-
-class _DecidedElsewhere(Exception):
-    """Another node's decision for this generation arrived while this one waited for a verdict."""
-
-    def __init__(self, decision: dict[str, Any]):
-        super().__init__("decided elsewhere")
-        self.decision = decision
 #: Exit status of ``run`` after an error of its own (EX_SOFTWARE); the job's process tree was stopped first.
 INTERNAL_ERROR = 70
 
 
-@dataclass
-class Decision:
-    """One decision, as printed, exported (event ``otel_gpu.restart.decision``) and kept in the store."""
-
-    job_id: str
-    incarnation: int
-    restart_count: int
-    time: float
-    trigger: str  # exit | hang | crash_verdict | start (drained devices excluded before the first start)
-    exit_status: int | None
-    decision: str  # done | restart | exclude_and_restart | stop | give_up | report | exclude
-    reason: str
-    failure_id: str | None = None
-    kind: str | None = None
-    root_cause: str | None = None
-    action: str | None = None
-    culprit: dict | None = None
-    backoff_s: float = 0.0
-    restarts_in_window: int = 0
-    excluded: str | None = None
-    time_saved_s: float | None = None
-    incarnation_start: float | None = None
-    incarnation_end: float | None = None
-    detection_latency_s: float | None = None
-    hook: dict | None = field(default=None)
-    #: Drained devices excluded before this restart (policy devices.exclude_drained): {device_id, host, gpu, since,
-    #: evidence, hook}.
-    drained: list | None = None
-    #: Many nodes (docs/restart.md): the job-wide decision this node carried out: its generation, the nodes of the
-    #: next one, the spares that joined, the hosts that left, which node proposed it, and this node.
-    generation: int | None = None
-    members: list | None = None
-    joined: list | None = None
-    exclude_hosts: list | None = None
-    decided_by: str | None = None
-    host: str | None = None
-    #: Many nodes: the job's decision (restart, exclude_and_restart, stop, give_up, done) when this node's own part
-    #: differs from it (``decision`` leave: this node was excluded).
-    job_decision: str | None = None
-
-    def line(self) -> str:
-        """One line; whatever in it came from telemetry is escaped (:func:`otel_gpu.failure.printable`)."""
-        cause = f"{self.kind}/{self.root_cause}" if self.root_cause else "no verdict"
-        text = (f"incarnation {self.incarnation} ({self.trigger}, exit {self.exit_status}): {cause}"
-                + (f", action {self.action}" if self.action else "") + f" -> {str(self.decision).upper()}: "
-                f"{self.reason}")
-        return "otel-gpu run: " + printable(text)
-
-
-class Supervisor:
+class Supervisor(ManyNodes):
     """Runs ``cmd`` (under :class:`otel_gpu.instrumentation.launcher.Launch`) until it succeeds, or the policy says stop."""
 
     def __init__(self, cmd: list[str], mode: str, policy: Policy, endpoint: str | None, job_id: str,
@@ -184,7 +124,7 @@ class Supervisor:
                 next_board = time.monotonic() + self.policy.verdict.poll_interval_s
                 made = self.job.made()
                 if made is not None:
-                    raise _DecidedElsewhere(made)
+                    raise DecidedElsewhere(made)
             found = self._failures(since) or found
             sure = [r for r in found or [] if _key(r) not in self.reported
                     and r.confidence >= self.policy.hang.min_confidence]
@@ -428,7 +368,7 @@ class Supervisor:
                 launch.close()
             if decision.decision == "leave":
                 return EXIT_EXCLUDED
-            if decision.decision not in _RESTARTING:
+            if decision.decision not in RESTARTING:
                 # done: the job completed (on many nodes a node whose own part failed still says so by its status)
                 return (launch.status or 0) if decision.decision == "done" else (launch.status or 1)
             time.sleep(decision.backoff_s)
@@ -518,7 +458,7 @@ class Supervisor:
     def _decide(self, launch, incarnation: int, restart_count: int, started: float, outcome: dict) -> Decision:
         """The decision after an incarnation ended (one node), acted on (hooks) and recorded."""
         decision = self._make_decision(launch, incarnation, restart_count, started, outcome)
-        if self._alone and decision.decision in _RESTARTING:
+        if self._alone and decision.decision in RESTARTING:
             decision.decision = "stop"
             decision.reason = "no job board to agree with the other nodes: a node never restarts a job of many alone"
         self._record(decision, launch)
@@ -626,221 +566,6 @@ class Supervisor:
                         if d.exclude_hosts else f"the {_duration(self.policy.backend_timeout_s)} backend timeout")
                        if d.time_saved_s else ""))
         return d
-
-    # -- many nodes ------------------------------------------------------------------------------------------------
-    def _job_decide(self, launch, started: float, outcome: dict) -> Decision:
-        """Many nodes: the job's decision for this generation (another node's, or this node's proposal if it wins),
-        carried out here: restart as a member, leave as an excluded node, or stop."""
-        job = self.job
-        assert job is not None
-        generation = job.generation
-        made = outcome.get("job_decision") or job.made()
-        proposal: Decision | None = None
-        if made is None:
-            try:
-                proposal = self._make_decision(launch, generation, generation, started, outcome, act=False)
-            except _DecidedElsewhere as exc:
-                made = exc.decision
-        ours = False
-        if made is None and proposal is not None:
-            ours, made = self._propose(proposal, launch.status)
-            if made is None:  # the board does not answer: this node stops alone; it never restarts on its own
-                if proposal.decision in _RESTARTING:
-                    proposal.decision = "stop"
-                    proposal.reason = ("the job's aggregator does not answer: a node cannot restart a job of many "
-                                       "alone; stopping")
-                proposal.exclude_hosts = None
-                return proposal
-        assert made is not None
-        return self._carry_out(made, ours, proposal, launch, started, outcome)
-
-    def _propose(self, proposal: Decision, status: int | None) -> tuple[bool, dict[str, Any] | None]:
-        job = self.job
-        assert job is not None
-        body: dict[str, Any] = {
-            "decision": proposal.decision, "failure_id": proposal.failure_id, "reason": proposal.reason,
-            "exit_status": status, "backoff_s": proposal.backoff_s, "exclude_hosts": proposal.exclude_hosts or [],
-            "allow_shrink": self.policy.nodes.allow_shrink}
-        for attempt in range(2):
-            try:
-                return job.propose(body)
-            except Refused as exc:
-                if attempt:
-                    self.say(f"the job's board refused this node's stop too ({exc})")
-                    return False, None
-                self.say(f"the job's board refused this node's proposal ({exc}); proposing to stop instead")
-                body.update(decision="stop", exclude_hosts=[], reason=f"proposal refused: {exc}",
-                            exit_status=status or 1)
-                if body["failure_id"] is not None and "is not a failure" in str(exc):
-                    body["failure_id"] = None
-            except (VerdictUnavailable, ValueError) as exc:
-                return self._propose_later(body, exc)
-        return False, None
-
-    def _propose_later(self, body: dict[str, Any], exc: Exception) -> tuple[bool, dict[str, Any] | None]:
-        """The board did not answer: the other nodes decide with it, so ask again (and look for their decision)
-        for ``verdict.wait`` before this node acts alone (it then stops; it never restarts alone)."""
-        job = self.job
-        assert job is not None
-        self.say(f"cannot reach the job's board ({exc}); asking again for {self.policy.verdict.wait_s:.0f} s")
-        deadline = time.monotonic() + self.policy.verdict.wait_s
-        while time.monotonic() < deadline and self._stop_requested is None:
-            time.sleep(1.0)
-            try:
-                return job.propose(body)
-            except Refused:
-                made = job.made()
-                return (False, made) if made is not None else (False, None)
-            except (VerdictUnavailable, ValueError):
-                continue
-        return False, None
-
-    def _carry_out(self, made: dict[str, Any], ours: bool, proposal: Decision | None, launch, started: float,
-                   outcome: dict) -> Decision:
-        job = self.job
-        assert job is not None
-        kind = made.get("decision") if made.get("decision") in ("restart", "exclude_and_restart", "stop",
-                                                                 "give_up", "done") else "stop"
-        excluded = [h for h in made.get("exclude_hosts") or [] if isinstance(h, str)]
-        members = [h for h in made.get("members") or [] if isinstance(h, str)]
-        by = made.get("by") if isinstance(made.get("by"), str) else None
-        d = proposal if (ours and proposal is not None) else Decision(
-            job_id=self.job_id, incarnation=job.generation, restart_count=job.generation, time=time.time(),
-            trigger="job_decision", exit_status=launch.status, decision=kind, reason="",
-            incarnation_start=round(started, 3), incarnation_end=round(outcome["ended"], 3))
-        d.decision, d.exit_status = kind, launch.status
-        d.generation, d.decided_by, d.host = job.generation, by, self.local_host
-        d.members, d.joined, d.exclude_hosts = members, list(made.get("joined") or []), excluded
-        if not ours:
-            for key in ("failure_id", "root_cause", "kind", "action"):
-                if isinstance(made.get(key), str):
-                    setattr(d, key, made[key])
-            backoff = made.get("backoff_s")
-            d.backoff_s = float(backoff) if isinstance(backoff, (int, float)) else 0.0
-            d.reason = f"the job's decision, made by {by or '?'}: {made.get('reason') or kind}"
-        if kind in ("stop", "give_up", "done") and ours and made.get("reason"):
-            d.reason = str(made["reason"])
-        d.excluded = ", ".join(f"host {h}" for h in excluded) or None
-        record = outcome.get("record")
-        d.job_decision = kind
-        if self.local_host in excluded:
-            self._hook_for(made, record, self.local_host, d)
-            d.decision = "leave"
-            d.reason = (f"this node ({self.local_host}) leaves the job: {made.get('root_cause') or 'excluded'} "
-                        f"(the job's decision, made by {by or '?'}); the job goes on without it")
-        elif made.get("root_cause") == "node_lost" and by == self.local_host:
-            for host in excluded:  # the lost node cannot run its own hook
-                self._hook_for(made, record, host, d)
-        if kind in ("stop", "give_up") and not outcome.get("printed"):
-            record = record or self._record_of(made.get("failure_id"))
-            if record is not None:
-                self._emit(_diagnosis(record))
-                outcome["printed"] = True
-        if kind in _RESTARTING and d.decision != "leave":
-            if self.local_host not in members:
-                d.decision = "leave"
-                d.reason = f"this node ({self.local_host}) is not among the next nodes ({', '.join(members)})"
-            else:
-                now = time.time()
-                d.restarts_in_window = self._sync_budget(now)
-                job.generation = int(made.get("next_generation") or job.generation + 1)
-                job.state.update(members=members, rdzv_host=made.get("rdzv_host"))
-                wait = max(0.0, float(made.get("time") or now) + d.backoff_s - now)
-                d.backoff_s = round(min(wait, d.backoff_s), 2)
-        self._export_decision = ours
-        return d
-
-    def _record_of(self, failure_id: Any) -> FailureRecord | None:
-        if not isinstance(failure_id, str):
-            return None
-        try:
-            return next((r for r in self.client.failures(self.job_id) if r.failure_id == failure_id), None)
-        except VerdictUnavailable:
-            return None
-
-    def _hook_for(self, made: dict[str, Any], record: FailureRecord | None, host: str, d: Decision) -> None:
-        """Runs ``hooks.exclude`` for ``host`` (the culprit's fields when the verdict names that host)."""
-        if not self.policy.hooks.exclude_argv:
-            return
-        record = record if record is not None and record.failure_id == made.get("failure_id") else \
-            self._record_of(made.get("failure_id"))
-        try:
-            if record is not None and record.culprit.host == host:
-                fields = self._hook_fields(record)
-            else:
-                fields = hook_fields("device_drain", host, None, None, self.job_id)
-            d.hook = self._run_hook(fields)
-        except HookRefused as exc:
-            self.say(f"exclude hook not run for {host}: {exc}")
-
-    def _sync_budget(self, now: float) -> int:
-        """The job's restarts in the budget's window, from the board's decisions (the budget is the job's)."""
-        job = self.job
-        assert job is not None
-        decisions = job.state.get("decisions")
-        times = sorted(float(x["time"]) for x in decisions if isinstance(x, dict) and x.get("decision") in
-                       _RESTARTING and isinstance(x.get("time"), (int, float))) if isinstance(decisions,
-                                                                                              list) else []
-        self.restart_times = collections.deque(t for t in times if t >= now - self.policy.budget.window_s)
-        return len(self.restart_times)
-
-    def _wait_as_spare(self) -> int | None:
-        """A spare waits (starting nothing: a waiting torchrun would restart the running job's rendezvous) until
-        the job's decision names it a member; returns None to start, or the exit status when the job ended."""
-        job = self.job
-        assert job is not None
-        self.say(f"spare node {self.local_host} for job {self.job_id} (members: {', '.join(job.members())}): "
-                 "waiting until a decision of the job needs it")
-        poll = self.policy.verdict.poll_interval_s
-        while self._stop_requested is None:
-            time.sleep(poll)
-            try:
-                state = job.refresh()
-            except VerdictUnavailable:
-                continue
-            if self.local_host in job.members():
-                generation = state.get("generation")
-                job.generation = generation if isinstance(generation, int) else job.generation
-                made = made_for(state, job.generation - 1) or {}
-                self._sync_budget(time.time())
-                wait = float(made.get("time") or 0) + float(made.get("backoff_s") or 0) - time.time()
-                self.say(f"joining job {self.job_id} as a member of generation {job.generation} (in place of "
-                         f"{', '.join(made.get('exclude_hosts') or []) or 'a node'}, decided by "
-                         f"{made.get('by') or '?'})")
-                if wait > 0:
-                    time.sleep(min(wait, 3600.0))
-                return None
-            ended = state.get("ended")
-            if ended:
-                self.say(f"job {self.job_id} ended ({ended}) without needing this spare")
-                return 0 if ended == "done" else 1
-            if self.local_host in (state.get("excluded") or {}):
-                self.say(f"this node ({self.local_host}) was excluded from job {self.job_id}")
-                return EXIT_EXCLUDED
-        return 128 + self._stop_requested
-
-    def _join(self) -> int | None:
-        """Many nodes: registers with the job's board; None to start, or the exit status (a spare whose job ended,
-        an excluded node). Without a board (an older collector, or none) the job runs as on one node."""
-        job = self.job
-        assert job is not None
-        try:
-            role = job.register()
-        except (VerdictUnavailable, Refused) as exc:
-            self.say(f"the job's board at {self.client.url} cannot coordinate the {job.nnodes} nodes ({exc}): this "
-                     "node acts alone and never restarts a job of many nodes by itself")
-            self.job = None
-            self._alone = True
-            return None
-        self.say(f"job {self.job_id}: this node ({self.local_host}) is {role} (generation {job.generation}; "
-                 f"members {', '.join(job.members())})")
-        if role == "spare":
-            return self._wait_as_spare()
-        if role == "excluded":
-            self.say(f"this node ({self.local_host}) was excluded from job {self.job_id}: not starting")
-            return EXIT_EXCLUDED
-        return None
-
 
 def _key(record: FailureRecord) -> str:
     return record.failure_id or f"{record.kind.value}|{record.root_cause.value}|{record.onset_time}"
