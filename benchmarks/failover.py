@@ -31,6 +31,7 @@ Usage::
 
     sudo python benchmarks/failover.py --hosts 3                       # all four faults, both sides (~15 min)
     sudo python benchmarks/failover.py --hosts 3 --faults link_cut --sides otel-gpu --json
+    sudo python benchmarks/failover.py --hosts 3 --sides torchrun --torchrun-spare no   # torchrun on 2 hosts only
 """
 from __future__ import annotations
 
@@ -45,7 +46,8 @@ FAULTS = ("link_cut", "node_lost", "sigkill", "exception")
 SIDES = ("torchrun", "otel-gpu")
 
 
-def run_case(bed: Bed, fault: str, side: str, limit_s: float, gloo_timeout_s: float, n: int) -> dict:
+def run_case(bed: Bed, fault: str, side: str, limit_s: float, gloo_timeout_s: float, n: int,
+             spare: bool = True) -> dict:
     env = {"OTEL_GPU_GLOO_TIMEOUT_S": str(gloo_timeout_s)}
     if fault in ("sigkill", "exception"):
         env.update(OTEL_GPU_FAULT=fault, OTEL_GPU_FAULT_RANK="3", OTEL_GPU_FAULT_STEP="60",
@@ -54,7 +56,7 @@ def run_case(bed: Bed, fault: str, side: str, limit_s: float, gloo_timeout_s: fl
     supervised = side == "otel-gpu"
     t0 = time.time()
     job = bed.launch_failover(steps=250, policy=FAILOVER_POLICY, rdzv_id=job_id, env=env, supervised=supervised,
-                              torchrun_restarts=0 if supervised else 3)
+                              torchrun_restarts=0 if supervised else 3, spares=None if spare else 0)
     node1 = bed.hosts[1]
     t_fault = None
     try:
@@ -86,7 +88,7 @@ def run_case(bed: Bed, fault: str, side: str, limit_s: float, gloo_timeout_s: fl
     report = bed.report(job_id=job_id)
     goodput = next((j.get("goodput") for j in report.get("jobs", []) if j.get("job_id") == job_id), None) or {}
     ettr = goodput.get("ettr") if isinstance(goodput, dict) else None
-    return {"fault": fault, "side": side,
+    return {"fault": fault, "side": side if spare else f"{side} (no spare)",
             "outcome": "completed" if done else (f"still running at {limit_s:.0f} s" if running else "stopped"),
             "exit": rcs, "wall_s": round(t_end - t0, 1), "restarts": max(0, len(starts) - 1),
             "hosts": [s.get("hosts") for s in starts],
@@ -103,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sides", default=",".join(SIDES), help=f"comma-separated, of {', '.join(SIDES)}")
     ap.add_argument("--limit-s", type=float, default=240.0, help="per case: stop waiting after this (240)")
     ap.add_argument("--gloo-timeout-s", type=float, default=120.0, help="the training script's gloo timeout (120)")
+    ap.add_argument("--torchrun-spare", choices=["yes", "no"], default="yes",
+                    help="whether the torchrun side runs an agent on the spare host too (yes: the same 3 hosts)")
     ap.add_argument("--json", action="store_true", help="one JSON object per case")
     args = ap.parse_args(argv)
     if args.hosts != 3:
@@ -116,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     with Bed(args.hosts, acting=True, attribution={"hang_timeout": "6s", "heartbeat_timeout": "5s"}) as bed:
         for n, fault in enumerate(faults):
             for side in sides:
-                row = run_case(bed, fault, side, args.limit_s, args.gloo_timeout_s, n)
+                row = run_case(bed, fault, side, args.limit_s, args.gloo_timeout_s, n,
+                               spare=side != "torchrun" or args.torchrun_spare == "yes")
                 rows.append(row)
                 print(json.dumps(row) if args.json else
                       f"{fault:10} {side:9} {row['outcome']:24} wall {row['wall_s']:6.1f} s  restarts "
