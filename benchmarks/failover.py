@@ -60,9 +60,7 @@ def run_case(bed: Bed, fault: str, side: str, limit_s: float, gloo_timeout_s: fl
     node1 = bed.hosts[1]
     t_fault = None
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not any(p.get("event") == "first_step" for p in bed.progress()):
-            time.sleep(0.3)
+        bed.wait_first_step()
         time.sleep(3.0)
         if fault == "link_cut":
             t_fault = bed.cut_link(node1)

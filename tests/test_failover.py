@@ -24,15 +24,7 @@ POLICY = {"stop_grace": "3s", "budget": {"backoff_initial": "1s"},
           "hooks": {"exclude": "sh -c 'echo \"$OTEL_GPU_CULPRIT_HOST $OTEL_GPU_ROOT_CAUSE $(hostname)\" >> \"$HOOK_LOG\"'"}}
 
 
-def _bed_unavailable() -> str | None:
-    try:
-        cl.check_requirements()
-    except cl.ClusterUnavailable as exc:
-        return str(exc)
-    return None
-
-
-_WHY = _bed_unavailable()
+_WHY = cl.unavailable_reason()
 pytestmark = pytest.mark.skipif(_WHY is not None and os.environ.get("CI") != "true",
                                 reason=f"network-namespace hosts unavailable: {_WHY}")
 
@@ -61,10 +53,7 @@ def _run(bed, name: str, fault: str, *, env: dict | None = None, host: int = 1, 
     target = bed.hosts[host]
     out: dict = {"job": job, "target": target.name}
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not any(p.get("event") == "first_step" for p in bed.progress()):
-            time.sleep(0.3)
-        assert any(p.get("event") == "first_step" for p in bed.progress()), _outputs(job)
+        assert bed.wait_first_step(), _outputs(job)
         time.sleep(FAULT_AFTER_S)
         out["t_fault"] = {"link_cut": bed.cut_link, "node_lost": bed.lose_node}[fault](target) \
             if fault != "none" else None
@@ -176,31 +165,26 @@ def test_a_sigkilled_rank_restarts_the_job_in_place(bed):
 def test_without_a_spare_an_elastic_job_goes_on_smaller_when_the_policy_allows_and_stops_when_it_does_not(bed):
     """torchrun --nnodes 1:2 on node0 and node1, no spare; node1's link is cut. With nodes.allow_shrink the job
     resumes on node0 alone from its checkpoint; without it every node stops with the diagnosis."""
-    policy = dict(POLICY, nodes={"allow_shrink": True})
-    job = bed.launch_failover(steps=STEPS, policy=policy, rdzv_id="fo-shrink", nnodes="1:2", spares=0)
-    node1 = bed.hosts[1]
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not any(p.get("event") == "first_step" for p in bed.progress()):
-            time.sleep(0.3)
-        time.sleep(FAULT_AFTER_S)
-        bed.cut_link(node1)
-        rcs = job.wait(180)
-    finally:
-        job.stop()
-        node1.set_link("data0", up=True)
-    print(_outputs(job))
+    job, rcs = _cut_midway(bed, dict(POLICY, nodes={"allow_shrink": True}), "fo-shrink")
     starts = _starts({"progress": bed.progress()})
     assert rcs == {"node0": 0, "node1": 75}, rcs
     assert [(s["hosts"], s["world"]) for s in starts] == [(["node0", "node1"], 4), (["node0"], 2)], starts
     assert starts[1]["resumed_from"] > 0
     assert "--nnodes 1 " in job.output("node0")  # the rendezvous completes at once with the one member
 
-    job = bed.launch_failover(steps=STEPS, policy=POLICY, rdzv_id="fo-noshrink", nnodes="1:2", spares=0)
+    job, rcs = _cut_midway(bed, POLICY, "fo-noshrink")
+    assert rcs["node0"] not in (0, None) and rcs["node1"] not in (0, None), rcs
+    assert len(_starts({"progress": bed.progress()})) == 1
+    assert "no spare node to take the place of node1" in job.output("node0")
+    assert "(nic_link_down, infrastructure)" in job.output("node0")  # the diagnosis
+
+
+def _cut_midway(bed, policy: dict, rdzv_id: str):
+    """torchrun --nnodes 1:2 on node0 and node1 only (no spare); node1's data link cut once training is under way."""
+    job = bed.launch_failover(steps=STEPS, policy=policy, rdzv_id=rdzv_id, nnodes="1:2", spares=0)
+    node1 = bed.hosts[1]
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not any(p.get("event") == "first_step" for p in bed.progress()):
-            time.sleep(0.3)
+        bed.wait_first_step()
         time.sleep(FAULT_AFTER_S)
         bed.cut_link(node1)
         rcs = job.wait(180)
@@ -208,10 +192,7 @@ def test_without_a_spare_an_elastic_job_goes_on_smaller_when_the_policy_allows_a
         job.stop()
         node1.set_link("data0", up=True)
     print(_outputs(job))
-    assert rcs["node0"] not in (0, None) and rcs["node1"] not in (0, None), rcs
-    assert len(_starts({"progress": bed.progress()})) == 1
-    assert "no spare node to take the place of node1" in job.output("node0")
-    assert "(nic_link_down, infrastructure)" in job.output("node0")  # the diagnosis
+    return job, rcs
 
 
 @pytest.mark.timeout(400)

@@ -27,15 +27,7 @@ from otel_gpu.testing import cluster as cl
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _bed_unavailable() -> str | None:
-    try:
-        cl.check_requirements()
-    except cl.ClusterUnavailable as exc:
-        return str(exc)
-    return None
-
-
-_WHY = _bed_unavailable()
+_WHY = cl.unavailable_reason()
 needs_bed = pytest.mark.skipif(_WHY is not None and os.environ.get("CI") != "true",
                                reason=f"network-namespace hosts unavailable: {_WHY}")
 

@@ -65,6 +65,15 @@ class ClusterUnavailable(RuntimeError):
     """The machine cannot build the bed (not root, iproute2 or unshare missing, no netns support)."""
 
 
+def unavailable_reason() -> str | None:
+    """Why network-namespace hosts cannot be built here (None: they can); for tests that skip without them."""
+    try:
+        check_requirements()
+    except ClusterUnavailable as exc:
+        return str(exc)
+    return None
+
+
 def check_requirements() -> None:
     """Raises :class:`ClusterUnavailable` with what is missing and how to fix it."""
     if os.geteuid() != 0:

@@ -380,16 +380,22 @@ class Bed:
                     job.wait_output(name, "otel-gpu run: job ", 60)
                 time.sleep(spare_delay_s)
             elif i == active:
-                deadline = time.monotonic() + 120
-                while time.monotonic() < deadline and not any(p.get("event") == "first_step"
-                                                               for p in self.progress()):
-                    time.sleep(0.3)
+                self.wait_first_step()
                 time.sleep(spare_delay_s)
             acting = ["--restart", "auto", "--verdict-url", f"http://agg:{VERDICT_PORT}", "--policy",
                       str(policy_file)] if supervised else []
             launchers[host.name] = host.spawn([sys.executable, "-m", "otel_gpu", "run", *acting, "--", *torchrun],
                                               env=job_env, log=logs[host.name])
         return job
+
+    def wait_first_step(self, timeout_s: float = 120.0) -> bool:
+        """Waits until the failover job's first incarnation has done a step (its rank 0 wrote ``first_step``)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if any(p.get("event") == "first_step" for p in self.progress()):
+                return True
+            time.sleep(0.3)
+        return False
 
     def progress(self) -> list[dict]:
         """The failover job's progress.jsonl (launch, start with its hosts, first_step, fault, done)."""
@@ -532,9 +538,7 @@ def run_failover_demo(hosts: int, ranks_per_host: int, fault_host: int, out=sys.
               f"{bed.hosts[-1].name} waits as a spare", file=out, flush=True)
         job = bed.launch_failover(active=active, ranks_per_host=ranks_per_host, steps=250, policy=FAILOVER_POLICY,
                                   rdzv_id="failover-demo")
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not any(p.get("event") == "first_step" for p in bed.progress()):
-            time.sleep(0.3)
+        bed.wait_first_step()
         time.sleep(3.0)
         target = bed.hosts[fault_host]
         t_cut = bed.cut_link(target)
