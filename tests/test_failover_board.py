@@ -218,7 +218,7 @@ def test_a_spare_with_a_drained_device_is_not_picked():
     assert d["members"] == ["n0", "well"] and d["joined"] == ["well"]
 
 
-def test_after_the_aggregator_restarts_the_nodes_tell_the_board_where_the_job_is():
+def test_after_the_aggregator_restarts_the_nodes_tell_the_board_where_the_job_is(monkeypatch):
     """The board lives in the aggregator's memory: a restarted aggregator knows no job. Each node's link registers
     again with its generation and role when the board answers 404, and the job's next decision is made as before."""
     cfg = build(VerdictExporterConfig, {"endpoint": "127.0.0.1:0", "auth": {"bearer_token": TOKEN}},
@@ -227,7 +227,10 @@ def test_after_the_aggregator_restarts_the_nodes_tell_the_board_where_the_job_is
     first.start()
     port = first.port
     cmd = ["torchrun", "--nnodes", "2", "--rdzv-endpoint", "node0:29400", "-m", "train"]
-    links = {h: JobLink(VerdictClient(first.url, TOKEN), "j", h, cmd) for h in ("node0", "node1", "node2")}
+    links = {}
+    for h in ("node0", "node1", "node2"):
+        monkeypatch.setenv("OTEL_GPU_RDZV_HOST", h)  # as each node would say (its own host name)
+        links[h] = JobLink(VerdictClient(first.url, TOKEN), "j", h, cmd)
     assert [links[h].register() for h in ("node0", "node1", "node2")] == ["active", "active", "spare"]
     _deliver(first, _failure("j", "f1", "node0"))
     ours, made = links["node1"].propose({"decision": "exclude_and_restart", "exclude_hosts": ["node0"],
@@ -251,3 +254,38 @@ def test_after_the_aggregator_restarts_the_nodes_tell_the_board_where_the_job_is
         assert ours and made["generation"] == 1 and made["next_generation"] == 2
     finally:
         second.shutdown()
+
+
+def test_the_rendezvous_moves_when_its_owner_leaves_even_when_the_endpoint_is_an_address():
+    """torchrun --rdzv-endpoint 10.0.0.5:29400: no node is called that, but the node whose address it is says so
+    when it registers (is_this_machine); excluding that node moves the rendezvous."""
+    board = JobBoard()
+    board.register("j", "gpu-a", "gpu-a", nnodes=2, rdzv_endpoint_host="10.0.0.5", serves_rdzv=True)
+    for h in ("gpu-b", "gpu-c"):
+        board.register("j", h, h, nnodes=2, rdzv_endpoint_host="10.0.0.5")
+    assert board.state("j")["rdzv_owner"] == "gpu-a"
+    d = board.propose("j", 0, {"decision": "exclude_and_restart", "exclude_hosts": ["gpu-a"], "failure_id": "f",
+                               "by": "gpu-b"}, {"f": _failure("j", "f", "gpu-a")})["decision"]
+    assert d["rdzv_host"] == "gpu-b" and board.state("j")["rdzv_owner"] == "gpu-b"
+    # A restart in place keeps it where it is.
+    d = board.propose("j", 1, {"decision": "restart", "by": "gpu-c", "exit_status": 1})["decision"]
+    assert d["rdzv_host"] == "gpu-b"
+
+
+def test_an_address_is_this_machines_only_when_it_can_bind_to_it():
+    import socket
+
+    from otel_gpu.supervisor._job import is_this_machine
+
+    assert not is_this_machine("127.0.0.1") and not is_this_machine("::1")  # every machine's loopback
+    assert not is_this_machine("203.0.113.77")  # TEST-NET-3 (documentation range): nobody's here
+    assert not is_this_machine("") and not is_this_machine(None)
+    import shutil
+    import subprocess
+
+    if shutil.which("ip"):  # this machine's own non-loopback addresses, as the kernel lists them
+        out = subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True).stdout
+        own = [line.split()[3].split("/")[0] for line in out.splitlines() if len(line.split()) > 3]
+        for ip in [a for a in own if not a.startswith("127.")][:3]:
+            assert is_this_machine(ip), ip
+    assert socket.gethostname()  # the default rendezvous host (rdzv_host_of) is the kernel's name

@@ -35,10 +35,33 @@ def made_for(state: dict[str, Any], generation: int) -> dict[str, Any] | None:
     return None
 
 
-def rdzv_host_of(host: str | None) -> str:
-    """The address other nodes reach this one at for torchrun's rendezvous: ``OTEL_GPU_RDZV_HOST``, else
-    ``host`` (host.name as the instrumentation reports it), else the kernel's host name."""
-    return os.environ.get("OTEL_GPU_RDZV_HOST", "").strip() or host or socket.gethostname()
+def rdzv_host_of() -> str:
+    """The address other nodes reach this one at for torchrun's rendezvous: ``OTEL_GPU_RDZV_HOST``, else the
+    kernel's host name: the name torchrun's agent recognises as its own when it decides whether to serve the
+    rendezvous (``host.name`` may be a scheduler's node name that neither resolves nor matches)."""
+    return os.environ.get("OTEL_GPU_RDZV_HOST", "").strip() or socket.gethostname()
+
+
+def is_this_machine(host: str | None) -> bool:
+    """True when ``host`` (a name or an address) is one of this machine's own non-loopback addresses: its agent
+    serves torchrun's rendezvous. An address is this machine's when a socket can bind to it."""
+    if not host:
+        return False
+    try:
+        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except (OSError, UnicodeError):
+        return False
+    for family, _, _, _, addr in infos[:16]:
+        ip = addr[0]
+        if ip.startswith("127.") or ip == "::1":
+            continue  # every machine is its own loopback
+        try:
+            with socket.socket(family, socket.SOCK_STREAM) as probe:
+                probe.bind((ip, 0))
+            return True
+        except OSError:
+            continue
+    return False
 
 
 class JobLink:
@@ -50,7 +73,9 @@ class JobLink:
         self.min_nodes, self.nnodes = low, high
         found = _torchrun.endpoint(cmd)
         self.rdzv_endpoint_host = found[0] if found else None
-        self.rdzv_host = rdzv_host_of(host)
+        self.rdzv_host = rdzv_host_of()
+        #: This node serves the rendezvous of generation 0 (the endpoint's host is one of its addresses).
+        self.serves_rdzv = is_this_machine(self.rdzv_endpoint_host)
         self.generation = 0
         self.state: dict[str, Any] = {}
 
@@ -64,7 +89,7 @@ class JobLink:
     def register(self) -> str:
         """Joins the board; this node's role (active, spare, excluded). Raises VerdictUnavailable / Refused."""
         self.state = self.client.register(self.job_id, self.host, self.rdzv_host, self.nnodes, self.min_nodes,
-                                          self.rdzv_endpoint_host)
+                                          self.rdzv_endpoint_host, serves_rdzv=self.serves_rdzv)
         generation = self.state.get("generation")
         self.generation = generation if isinstance(generation, int) else 0
         return str(self.state.get("role"))
@@ -94,7 +119,8 @@ class JobLink:
         rdzv = self.state.get("rdzv_host")
         self.state = self.client.register(self.job_id, self.host, self.rdzv_host, self.nnodes, self.min_nodes,
                                           rdzv if isinstance(rdzv, str) else self.rdzv_endpoint_host,
-                                          generation=self.generation, was=role)
+                                          generation=self.generation, was=role,
+                                          serves_rdzv=self.state.get("rdzv_owner") == self.host)
 
     def made(self) -> dict[str, Any] | None:
         """The decision for the generation this node runs, if one was made (by any node); None also when the board

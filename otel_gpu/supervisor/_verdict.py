@@ -146,12 +146,13 @@ class VerdictClient:
     # -- many nodes (otel_gpu.exporters.verdict.jobs) -------------------------------------------------------------
     def register(self, job_id: str, host: str, rdzv_host: str, nnodes: int, min_nodes: int,
                  rdzv_endpoint_host: str | None, generation: int | None = None,
-                 was: str | None = None) -> dict[str, Any]:
+                 was: str | None = None, serves_rdzv: bool = False) -> dict[str, Any]:
         """Joins ``host`` to the job's board; the job's state with this host's ``role``. ``generation`` / ``was``:
         registering again with a board that forgot the job (the aggregator restarted). Raises VerdictUnavailable
         (also for a collector without the jobs API: HTTP 404/405) or Refused."""
         body: dict[str, Any] = {"job_id": job_id, "host": host, "rdzv_host": rdzv_host, "nnodes": nnodes,
-                                "min_nodes": min_nodes, "rdzv_endpoint_host": rdzv_endpoint_host}
+                                "min_nodes": min_nodes, "rdzv_endpoint_host": rdzv_endpoint_host,
+                                "serves_rdzv": serves_rdzv}
         if generation is not None:
             body.update(generation=generation, was=was)
         return self._dict(self._get("/api/v1/jobs/register", body))

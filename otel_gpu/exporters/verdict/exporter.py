@@ -289,7 +289,8 @@ class _Handler(BaseHTTPRequestHandler):
             if url.path == _REGISTER_PATH:
                 self._send(200, board.register(job_id, body.get("host"), body.get("rdzv_host"), body.get("nnodes"),
                                                body.get("min_nodes"), body.get("rdzv_endpoint_host"),
-                                               body.get("generation"), body.get("was")))
+                                               body.get("generation"), body.get("was"),
+                                               body.get("serves_rdzv") is True))
             else:
                 self._send(200, board.propose(job_id, body.get("generation"), body.get("decision"),
                                               self.owner.job_failures(job_id), self.owner.drained_hosts))

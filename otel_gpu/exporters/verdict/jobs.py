@@ -75,7 +75,7 @@ def _number(value: Any) -> float | None:
 
 class _Job:
     __slots__ = ("job_id", "nnodes", "min_nodes", "generation", "members", "spares", "excluded", "nodes",
-                 "decisions", "rdzv_host", "ended", "updated")
+                 "decisions", "rdzv_host", "rdzv_owner", "ended", "updated")
 
     def __init__(self, job_id: str, nnodes: int, min_nodes: int, rdzv_host: str | None):
         self.job_id = job_id
@@ -87,13 +87,15 @@ class _Job:
         self.nodes: dict[str, dict[str, Any]] = {}  # host -> {rdzv_host, registered, seen}
         self.decisions: list[dict[str, Any]] = []
         self.rdzv_host = rdzv_host  # the rendezvous endpoint's host for the current generation
+        self.rdzv_owner: str | None = None  # the node whose agent serves it (it said so: the address is its own)
         self.ended: str | None = None  # the decision that ended the job
         self.updated = time.time()
 
     def state(self, host: str | None = None) -> dict[str, Any]:
         out = {"job_id": self.job_id, "generation": self.generation, "nnodes": self.nnodes,
                "min_nodes": self.min_nodes, "members": list(self.members), "spares": list(self.spares),
-               "excluded": dict(self.excluded), "rdzv_host": self.rdzv_host, "ended": self.ended,
+               "excluded": dict(self.excluded), "rdzv_host": self.rdzv_host, "rdzv_owner": self.rdzv_owner,
+               "ended": self.ended,
                "decisions": copy.deepcopy(self.decisions)}
         if host is not None:
             out["role"] = self.role(host)
@@ -121,7 +123,7 @@ class JobBoard:
     # -- nodes ---------------------------------------------------------------------------------------------------
     def register(self, job_id: str, host: str, rdzv_host: str, nnodes: int, min_nodes: int | None = None,
                  rdzv_endpoint_host: str | None = None, generation: int | None = None,
-                 was: str | None = None) -> dict[str, Any]:
+                 was: str | None = None, serves_rdzv: bool = False) -> dict[str, Any]:
         """Adds ``host`` to the job (idempotent): a member while the first generation still has room, else a spare.
         Returns the job's state with this host's ``role`` (active, spare, excluded).
 
@@ -168,6 +170,8 @@ class JobBoard:
             elif was == "active" and host in job.spares and not job.decisions and len(job.members) < job.nnodes:
                 job.spares.remove(host)  # it ran as a member before the board forgot: it still does
                 job.members.append(host)
+            if serves_rdzv and job.rdzv_owner is None:
+                job.rdzv_owner = host
             job.nodes[host]["seen"] = now
             job.updated = now
             return job.state(host)
@@ -268,11 +272,12 @@ class JobBoard:
                     reason = (f"no spare node to take the place of {', '.join(exclude) or 'the lost node'}: "
                               f"{len(members)} of {job.nnodes} nodes left ({need} would let it go on smaller); "
                               "not restarting" + (f" [{reason}]" if reason else ""))
-        new_rdzv = job.rdzv_host
+        new_rdzv, owner = job.rdzv_host, job.rdzv_owner
         if kind in _RESTARTING and members:
             gone = {h for h in job.excluded} | {job.nodes[h]["rdzv_host"] for h in job.excluded if h in job.nodes}
-            if new_rdzv is None or new_rdzv in gone:
-                new_rdzv = job.nodes[members[0]]["rdzv_host"]
+            if new_rdzv is None or new_rdzv in gone or owner in job.excluded:
+                owner = members[0]  # the rendezvous host itself left (by name, address or its own word)
+                new_rdzv = job.nodes[owner]["rdzv_host"]
         decision = {
             "job_id": job.job_id, "generation": generation, "decision": kind, "by": proposal["by"], "time": now,
             "reason": reason, "failure_id": proposal.get("failure_id") if failure else None,
@@ -291,7 +296,7 @@ class JobBoard:
                 decision[key] = failure[key][:80]
         if kind in _RESTARTING:
             job.generation = generation + 1
-            job.members, job.spares, job.rdzv_host = members, spares, new_rdzv
+            job.members, job.spares, job.rdzv_host, job.rdzv_owner = members, spares, new_rdzv, owner
         else:
             job.ended = kind
             job.spares = spares
