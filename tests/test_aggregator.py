@@ -103,8 +103,13 @@ def test_example_configs_load_with_our_loader(monkeypatch):
     assert sidecar.component("exporter", "otlp/aggregator").config.endpoint == "agg-0.example:4317"
     assert not sidecar.component("processor", "compact").config.job_id  # learned from the training processes
     aggregator = load_file(EXAMPLES / "aggregator.yaml")
+    pipes = {p.name: p for p in aggregator.pipelines}
     for p in aggregator.pipelines:
-        assert p.receivers == ["otlp"] and p.processors == ["attribution", "goodput"] and "store" in p.exporters
+        assert p.receivers == ["otlp"] and p.processors[:2] == ["attribution", "goodput"] and "store" in p.exporters
+    # The job's verdicts, drained devices and board of nodes (otel-gpu run --restart auto on every node).
+    assert pipes["metrics"].processors[2:] == ["health"] and pipes["logs"].processors[2:] == ["health"]
+    assert "verdict" in pipes["logs"].exporters
+    assert aggregator.component("exporter", "verdict").config.endpoint == "127.0.0.1:4319"  # loopback by default
     monkeypatch.delenv("OTEL_GPU_AGGREGATOR_ENDPOINT")
     with pytest.raises(Exception, match="OTEL_GPU_AGGREGATOR_ENDPOINT"):
         load_file(EXAMPLES / "sidecar.yaml")

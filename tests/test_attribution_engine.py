@@ -184,3 +184,23 @@ def test_a_ranks_identity_keeps_its_process_creation_time_when_later_reports_fil
     merged = merge_identity(own, from_launcher)
     assert (merged.pid, merged.local_rank, merged.started) == (1000, 0, 1_000.0)
     assert merge_identity(Identity("j", 0, host="n0"), own).started == 1_000.0
+
+
+def test_a_link_that_was_back_up_before_the_job_started_does_not_explain_its_crash():
+    """An earlier fault cut node0's link and restored it right before this job started (within the 30 s window of
+    the crash that follows): the SIGKILL is the cause. The same drop while the job runs still explains it."""
+    for down_at, up_at, expect in ((T0 - 25, T0 - 12, "rank_process_died"), (T0 - 3, None, "nic_link_down")):
+        engine = Engine(AttributionConfig(crash_settle_s=1.0))
+        engine.observe_nic(NicSample("node0", "data0", T0 - 40, up=True))
+        engine.observe_nic(NicSample("node0", "data0", down_at, up=False))
+        if up_at is not None:
+            engine.observe_nic(NicSample("node0", "data0", up_at, up=True))
+        for r in range(WORLD):
+            engine.observe_heartbeat(Heartbeat(who(r), T0 - 5, 1, "step", None), T0 - 5)
+            engine.observe_heartbeat(Heartbeat(who(r), T0, 3, "step", None), T0)
+        for r in (0, 2, 3):
+            engine.observe_exception(ExceptionSeen(who(r), T0 + 0.2, "RuntimeError", "Connection closed by peer",
+                                                   "peer_failure"), T0 + 0.2)
+        engine.observe_exit(ExitSeen(who(1), T0 + 0.1, -9, "SIGKILL"), T0 + 0.6)
+        (_, rec), = run_until(engine, T0 + 0.2, T0 + 4)
+        assert rec.root_cause.value == expect and rec.culprit.host == "node0", (down_at, rec)

@@ -4,7 +4,8 @@ A hardware or network fact counts only if it *began* inside the causal window of
 (``WINDOWS``), and above the device's own baseline:
 
 - a link counts when we saw it go from up to down (or its ``link_downed`` counter rise) inside the window; a port
-  that was down at its first sample (never seen up), or went down before the window, is baseline;
+  that was down at its first sample (never seen up), went down before the window, or was back up before the job
+  started, is baseline;
 - a clock-event reason counts when we saw it become active inside the window; one active at the GPU's first sample
   is baseline; ``sw_power_cap`` (a busy GPU has it most of the time) and the idle/application/display reasons never
   count;
@@ -454,7 +455,10 @@ class DeviceEvidence:
         # far.
         for port in self.job_ports(host, ifaces, job_start - _JOB_START_SLACK_S):
             name = port.port
-            went_down = [t for t, up in port.transitions if not up and down_w.contains(t, symptom)]
+            # A drop the port recovered from before the job started is history, not this job's cause (a link
+            # repaired, or cut and restored by an earlier fault, seconds before the next job starts).
+            went_down = [t for t, up in port.transitions if not up and down_w.contains(t, symptom)
+                         and not any(u and t < ut <= job_start - _JOB_START_SLACK_S for ut, u in port.transitions)]
             if went_down:
                 t = went_down[0]
                 out.append(Fault(RootCause.NIC_LINK_DOWN, t, [Evidence(f"nic.{name}.state", "down", t)], host,
