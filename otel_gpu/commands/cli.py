@@ -194,7 +194,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--restart-window", metavar="DURATION", help="window of the budget, e.g. 30m, 1h (default 1h)")
     p.add_argument("--policy", metavar="FILE", help="restart policy YAML (see docs/restart.md)")
     p.add_argument("--verdict-url", metavar="URL", help="the collector's verdict API (default: the OTLP "
-                   "endpoint's host, port 4319; env OTEL_GPU_VERDICT_ENDPOINT)")
+                   "endpoint's host, port 4319; env OTEL_GPU_VERDICT_ENDPOINT). For a torchrun of many nodes, the "
+                   "job's aggregator: every node runs the same command, spares too, and carries out the job's one "
+                   "decision per failure (docs/restart.md, 'Many nodes')")
     p.add_argument("--job-id", metavar="ID", help="job id (default: OTEL_GPU_JOB_ID, else generated)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD [ARG ...]", help="the training command")
     p.set_defaults(func=cmd_run)
