@@ -586,7 +586,8 @@ def test_the_aggregator_can_serve_the_verdict_and_jobs_api_for_failover_across_n
     """Issue 19: each node's otel-gpu run reaches the aggregator's verdict API (decisions of the job), with a token,
     from the training pods only; the aggregator runs health (drained devices)."""
     monkeypatch.setenv("NODE_NAME", "gpu-node-1")
-    manifests, _ = render(FAILOVER_VALUES)
+    manifests, notes = render(FAILOVER_VALUES)
+    assert f"--verdict-url http://{RELEASE}-otel-gpu-aggregator.{NAMESPACE}.svc:4319" in notes
     for m in manifests:
         kubernetes_validate.validate({k: v for k, v in m.items() if k != "__template__"}, KUBE, strict=True)
     agg = _configs(manifests)[f"{RELEASE}-otel-gpu-aggregator"]
