@@ -97,8 +97,6 @@ class JobLink:
     def refresh(self) -> dict[str, Any]:
         """The board's state now (raises VerdictUnavailable). A board that does not know the job (the aggregator
         restarted and lost it) is told again: this node's generation and role."""
-        from otel_gpu.supervisor._verdict import VerdictUnavailable
-
         known = self.state
         try:
             state = self.client.job_state(self.job_id, self.host)
@@ -125,8 +123,6 @@ class JobLink:
     def made(self) -> dict[str, Any] | None:
         """The decision for the generation this node runs, if one was made (by any node); None also when the board
         does not answer."""
-        from otel_gpu.supervisor._verdict import VerdictUnavailable
-
         try:
             return made_for(self.refresh(), self.generation)
         except VerdictUnavailable:
@@ -134,8 +130,6 @@ class JobLink:
 
     def propose(self, proposal: dict[str, Any]) -> tuple[bool, dict[str, Any]]:
         """(ours, the winning decision) for this node's generation. Raises VerdictUnavailable / Refused."""
-        from otel_gpu.supervisor._verdict import Refused
-
         try:
             answer = self.client.propose(self.job_id, self.generation, dict(proposal, by=self.host))
         except Refused as exc:
