@@ -59,8 +59,8 @@ def _run(bed, name: str, fault: str, *, env: dict | None = None, host: int = 1, 
             if fault != "none" else None
         t_wait = time.time()
         out["rcs"] = job.wait(timeout_s)
-        out["t_end"] = {h: None for h in job.launchers}
-        out["waited_s"] = time.time() - t_wait
+        out["t_end"] = time.time()  # every node's otel-gpu run has exited (or the time limit passed)
+        out["waited_s"] = out["t_end"] - t_wait
     finally:
         job.stop()
         if fault == "link_cut":
@@ -140,7 +140,7 @@ def test_a_user_exception_restarts_nothing_and_every_node_stops_with_the_diagnos
                                          "OTEL_GPU_FAULT_STEP": "60"})
     fault = [p for p in run["progress"] if p.get("event") == "fault"]
     assert fault and all(rc not in (0, None) for rc in run["rcs"].values()), (run["rcs"], _outputs(run["job"]))
-    assert run["waited_s"] <= 10.0 + FAULT_AFTER_S + 60  # bounded; the fault's own timing is below
+    assert run["t_end"] - fault[0]["t"] <= 10.0, (run["t_end"] - fault[0]["t"])  # every node out within 10 s
     assert len(_starts(run)) == 1 and not run["hooks"]
     for host in ("node0", "node1"):
         text = run["outputs"][host]
