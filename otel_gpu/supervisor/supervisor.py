@@ -538,8 +538,10 @@ class Supervisor(ManyNodes):
             else:
                 d.exclude_hosts = [record.culprit.host] if record.culprit.host else []
                 d.excluded = f"host {record.culprit.host}" if record.culprit.host else None
-                if self.job is not None and d.time_saved_s is not None:
-                    d.time_saved_s = round(d.time_saved_s + RDZV_JOIN_TIMEOUT_S, 1)
+                if self.job is not None and d.exclude_hosts:
+                    # A blind restart lands on the broken node again: its rendezvous waits for it (after the
+                    # backend's timeout, for a hang).
+                    d.time_saved_s = round((d.time_saved_s or 0.0) + RDZV_JOIN_TIMEOUT_S, 1)
             d.decision = "exclude_and_restart"
         if not act and self.job is not None:  # the job's nodes, members and spares: a drained one stays out
             nodes = set(self.job.members()) | {h for h in self.job.state.get("spares") or [] if isinstance(h, str)}
@@ -561,8 +563,9 @@ class Supervisor(ManyNodes):
                     f"{_duration(self.policy.budget.window_s)}, after {backoff:.1f} s"
                     + (f", without {d.excluded}" if d.excluded else "")
                     + (f"; saved ~{_duration(d.time_saved_s)} vs " + (
-                        f"a blind restart (the {_duration(self.policy.backend_timeout_s)} backend timeout, then "
-                        f"{_duration(RDZV_JOIN_TIMEOUT_S)} of rendezvous waiting for the broken node)"
+                        "a blind restart (" + (f"the {_duration(self.policy.backend_timeout_s)} backend timeout, then "
+                                               if d.kind == Kind.HANG.value else "")
+                        + f"{_duration(RDZV_JOIN_TIMEOUT_S)} of rendezvous waiting for the broken node)"
                         if d.exclude_hosts else f"the {_duration(self.policy.backend_timeout_s)} backend timeout")
                        if d.time_saved_s else ""))
         return d
