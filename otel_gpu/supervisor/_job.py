@@ -35,6 +35,15 @@ def made_for(state: dict[str, Any], generation: int) -> dict[str, Any] | None:
     return None
 
 
+def backoff_left(made: dict[str, Any], now: float) -> float:
+    """Seconds of the decision's backoff still to wait: every node starts the next generation at the same moment
+    (the decision's time plus its backoff), however late it learned of the decision."""
+    t, backoff = made.get("time"), made.get("backoff_s")
+    if not isinstance(t, (int, float)) or not isinstance(backoff, (int, float)):
+        return 0.0
+    return max(0.0, min(float(t) + float(backoff) - now, 3600.0))
+
+
 def rdzv_host_of() -> str:
     """The address other nodes reach this one at for torchrun's rendezvous: ``OTEL_GPU_RDZV_HOST``, else the
     kernel's host name: the name torchrun's agent recognises as its own when it decides whether to serve the
@@ -288,8 +297,7 @@ class ManyNodes:
                 d.restarts_in_window = self._sync_budget(now)
                 job.generation = int(made.get("next_generation") or job.generation + 1)
                 job.state.update(members=members, rdzv_host=made.get("rdzv_host"))
-                wait = max(0.0, float(made.get("time") or now) + d.backoff_s - now)
-                d.backoff_s = round(min(wait, d.backoff_s), 2)
+                d.backoff_s = round(min(backoff_left(made, now), d.backoff_s), 2)
         self._export_decision = ours
         return d
 
@@ -346,12 +354,11 @@ class ManyNodes:
                 job.generation = generation if isinstance(generation, int) else job.generation
                 made = made_for(state, job.generation - 1) or {}
                 self._sync_budget(time.time())
-                wait = float(made.get("time") or 0) + float(made.get("backoff_s") or 0) - time.time()
+                wait = backoff_left(made, time.time())
                 self.say(f"joining job {self.job_id} as a member of generation {job.generation} (in place of "
                          f"{', '.join(made.get('exclude_hosts') or []) or 'a node'}, decided by "
                          f"{made.get('by') or '?'})")
-                if wait > 0:
-                    time.sleep(min(wait, 3600.0))
+                time.sleep(wait)
                 return None
             ended = state.get("ended")
             if ended:

@@ -10,6 +10,8 @@ Example:
     ['torchrun', '--nnodes', '1', '--rdzv-endpoint=node2:29400']
     >>> nodes(["python", "train.py", "--nnodes", "4"]) is None  # not torchrun: its own arguments are the script's
     True
+    >>> nodes(["torchrun", "--no-python", "--nnodes", "2", "--rdzv-endpoint", "h:1", "./train.sh"])  # a flag: no value
+    (2, 2)
 """
 from __future__ import annotations
 
@@ -20,6 +22,9 @@ __all__ = ["endpoint", "nodes", "rewrite"]
 
 _ENDPOINT = ("--rdzv-endpoint", "--rdzv_endpoint")
 _NNODES = ("--nnodes",)
+#: torchrun's options that take no value (the others take one: ``--opt VALUE`` or ``--opt=VALUE``).
+_FLAGS = frozenset(("--standalone", "--no-python", "--no_python", "--run-path", "--run_path", "--module",
+                    "--virtual-local-rank", "--virtual_local_rank", "-h", "--help"))
 
 
 def _options(cmd: Sequence[str]) -> range | None:
@@ -39,7 +44,7 @@ def _options(cmd: Sequence[str]) -> range | None:
         arg = cmd[end]
         if arg == "-m" or arg == "--" or not arg.startswith("-"):
             break
-        end += 1 if "=" in arg else 2
+        end += 1 if "=" in arg or arg in _FLAGS else 2
     return range(start, min(end, len(cmd)))
 
 
@@ -57,7 +62,7 @@ def _find(cmd: Sequence[str], names: tuple[str, ...]) -> tuple[int, str] | None:
             if i + 1 < len(cmd):
                 return i + 1, cmd[i + 1]
             return None
-        i += 1 if eq else 2
+        i += 1 if eq or arg in _FLAGS else 2
     return None
 
 

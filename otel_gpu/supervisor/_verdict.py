@@ -80,7 +80,7 @@ class VerdictClient:
         self.timeout_s = timeout_s
         self._ssl = ssl.create_default_context(cafile=ca_file or None) if self.url.startswith("https") else None
 
-    def _get(self, path: str, body: dict[str, Any] | None = None) -> Any:
+    def _request(self, path: str, body: dict[str, Any] | None = None) -> Any:
         """GET ``path`` (POST ``body`` as JSON when given). Raises VerdictUnavailable; :class:`Refused` for a
         request the API answered 400/404/409 (its message says why)."""
         data = None if body is None else json.dumps(body).encode()
@@ -105,7 +105,7 @@ class VerdictClient:
 
     def healthy(self) -> bool:
         try:
-            return self._get("/health").get("status") == "ok"
+            return self._request("/health").get("status") == "ok"
         except VerdictUnavailable:
             return False
 
@@ -115,7 +115,7 @@ class VerdictClient:
         query = {"job_id": job_id}
         if since is not None:
             query["since"] = f"{since:.3f}"
-        body = self._get("/api/v1/failures?" + urllib.parse.urlencode(query))
+        body = self._request("/api/v1/failures?" + urllib.parse.urlencode(query))
         records = body.get("failures") if isinstance(body, dict) else None
         if not isinstance(records, list):
             raise VerdictUnavailable(f"{self.url}: not a failures answer")
@@ -136,7 +136,7 @@ class VerdictClient:
         query = {"state": state}
         if hosts:
             query["host"] = ",".join(sorted(hosts))
-        body = self._get("/api/v1/devices?" + urllib.parse.urlencode(query))
+        body = self._request("/api/v1/devices?" + urllib.parse.urlencode(query))
         records = body.get("devices") if isinstance(body, dict) else None
         if not isinstance(records, list):
             raise VerdictUnavailable(f"{self.url}: not a devices answer")
@@ -155,15 +155,15 @@ class VerdictClient:
                                 "serves_rdzv": serves_rdzv}
         if generation is not None:
             body.update(generation=generation, was=was)
-        return self._dict(self._get("/api/v1/jobs/register", body))
+        return self._dict(self._request("/api/v1/jobs/register", body))
 
     def job_state(self, job_id: str, host: str) -> dict[str, Any]:
         """The job's membership and decisions (asking also says this host is alive)."""
-        return self._dict(self._get("/api/v1/jobs?" + urllib.parse.urlencode({"job_id": job_id, "host": host})))
+        return self._dict(self._request("/api/v1/jobs?" + urllib.parse.urlencode({"job_id": job_id, "host": host})))
 
     def propose(self, job_id: str, generation: int, decision: dict[str, Any]) -> dict[str, Any]:
         """Proposes the decision for ``generation``: ``{accepted, decision (the winner), state}``."""
-        return self._dict(self._get("/api/v1/jobs/decisions", {"job_id": job_id, "generation": generation,
+        return self._dict(self._request("/api/v1/jobs/decisions", {"job_id": job_id, "generation": generation,
                                                                 "decision": decision}))
 
     def _dict(self, body: Any) -> dict[str, Any]:

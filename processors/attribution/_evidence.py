@@ -457,8 +457,9 @@ class DeviceEvidence:
             name = port.port
             # A drop the port recovered from before the job started is history, not this job's cause (a link
             # repaired, or cut and restored by an earlier fault, seconds before the next job starts).
-            went_down = [t for t, up in port.transitions if not up and down_w.contains(t, symptom)
-                         and not any(u and t < ut <= job_start - _JOB_START_SLACK_S for ut, u in port.transitions)]
+            back_up = max((t for t, up in port.transitions if up and t <= job_start - _JOB_START_SLACK_S),
+                          default=float("-inf"))
+            went_down = [t for t, up in port.transitions if not up and t >= back_up and down_w.contains(t, symptom)]
             if went_down:
                 t = went_down[0]
                 out.append(Fault(RootCause.NIC_LINK_DOWN, t, [Evidence(f"nic.{name}.state", "down", t)], host,

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import collections
+import ipaddress
 import json
 import logging
 import threading
@@ -322,8 +323,6 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 def _loopback(address: str) -> bool:
-    import ipaddress
-
     try:
         ip = ipaddress.ip_address(address.split("%")[0])
     except ValueError:
