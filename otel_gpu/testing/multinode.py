@@ -14,12 +14,17 @@ process of the host killed at once, sidecar included), ``degrade_link`` (``tc ..
 ``restart_agent`` (the host's sidecar killed and started again); a user exception on a rank comes from the training
 script's own fault switch (``OTEL_GPU_FAULT=exception``).
 
+Node digests (docs/scale.md): ``Bed(digests=True)`` turns ``processors.compact.digests`` on in every sidecar; the
+default comes from ``OTEL_GPU_BED_DIGESTS`` (``1``: on), so that a whole test module can be run with digests on:
+``OTEL_GPU_BED_DIGESTS=1 python -m pytest tests/test_multihost.py``.
+
 Command line (root): ``python -m otel_gpu.testing.cluster --hosts 2 [--ranks-per-host 2] [--fault link_cut]``.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import signal
 import sqlite3
@@ -33,7 +38,9 @@ import yaml
 
 from otel_gpu.testing.cluster import DATA_IF, MGMT_IF, Cluster, ClusterUnavailable, Host, leftovers
 
-__all__ = ["Bed", "Job", "FAULTS", "main"]
+__all__ = ["Bed", "Job", "FAULTS", "DIGESTS_ENV", "main"]
+
+_logger = logging.getLogger(__name__)
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "docs" / "examples"
@@ -46,6 +53,18 @@ FAILOVER_POLICY = {"stop_grace": "3s", "budget": {"backoff_initial": "1s"},
 
 #: Attribution settings of the bed's aggregator: short timeouts, since the bed's steps take ~0.1 s.
 AGG_ATTRIBUTION = {"hang_timeout": "6s", "heartbeat_timeout": "5s", "tick_interval": "250ms"}
+#: ``1``: every bed's sidecars send node digests unless the bed is told otherwise (``Bed(digests=...)``).
+DIGESTS_ENV = "OTEL_GPU_BED_DIGESTS"
+
+
+def digests_default() -> bool:
+    """``OTEL_GPU_BED_DIGESTS``: 1/true/yes/on or 0/false/no/off/empty; another value warns and means off."""
+    raw = os.environ.get(DIGESTS_ENV, "").strip().lower()
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    if raw not in ("", "0", "false", "no", "off"):
+        _logger.warning("%s must be 1 or 0 (got %r): node digests stay off", DIGESTS_ENV, raw)
+    return False
 
 
 def _load_example(name: str) -> dict:
@@ -57,11 +76,13 @@ def _load_example(name: str) -> dict:
 
 
 def sidecar_config(host: Host, aggregator: str, nvml_scenario: Path, xid_log: Path,
-                   nic_interval: str = "500ms", forwarder_token: str = "") -> dict:
+                   nic_interval: str = "500ms", forwarder_token: str = "", digests: bool = False) -> dict:
     """docs/examples/sidecar.yaml for ``host``: the job's processes send to its loopback; no backend in the bed.
     ``forwarder_token``: ``otel-gpu run`` on this host presents it with its decisions (trusted_forwarders), and the
-    sidecar presents it to the aggregator."""
+    sidecar presents it to the aggregator. ``digests``: the example's commented-out ``digests: true``, on."""
     cfg = _load_example("sidecar.yaml")
+    if digests:
+        cfg["processors"]["compact"]["digests"] = True
     cfg["receivers"]["otlp"] = {"grpc": {"endpoint": f"127.0.0.1:{OTLP_PORT}"}, "http": None}
     if forwarder_token:
         cfg["receivers"]["otlp"]["trusted_forwarders"] = {"bearer_token": forwarder_token}
@@ -213,14 +234,16 @@ class Bed:
     Use as a context manager; :meth:`close` stops everything and tears the namespaces down."""
 
     def __init__(self, hosts: int = 2, *, attribution: dict | None = None, root: str | Path | None = None,
-                 acting: bool = False):
+                 acting: bool = False, digests: bool | None = None):
         """``acting``: the aggregator serves its verdict and jobs API on the management network with a token, and
         trusts the sidecars (and ``otel-gpu run`` on each node) as forwarders: the setup for ``--restart auto``
-        across nodes (docs/restart.md)."""
+        across nodes (docs/restart.md). ``digests``: every sidecar sends node digests instead of its ranks'
+        heartbeats and step spans (None: ``OTEL_GPU_BED_DIGESTS``, else off)."""
         import secrets
 
         self.cluster = Cluster(hosts, aggregator_host=True, root=root)
         self.attribution = attribution
+        self.digests = digests_default() if digests is None else bool(digests)
         self.forwarder_token = secrets.token_hex(16) if acting else ""
         self.verdict_token = secrets.token_hex(16) if acting else ""
         self.sidecars: dict[str, Collector] = {}
@@ -299,7 +322,7 @@ class Bed:
         if host.name in self.sidecars:
             log_size = len(self.sidecars[host.name].text())
         cfg = sidecar_config(host, "agg", scenario, host.workdir / "kern.log",
-                             forwarder_token=self.forwarder_token)
+                             forwarder_token=self.forwarder_token, digests=self.digests)
         side = self._collector(host, "sidecar", cfg)
         self.sidecars[host.name] = side
         if wait:
