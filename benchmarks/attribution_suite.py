@@ -3,6 +3,7 @@ per kind, false alarms on healthy runs, and how soon a crash is in the store aft
 
     .venv/bin/python benchmarks/attribution_suite.py --runs 60 --seed S [--only NAME ...] [--json out.json]
     .venv/bin/python benchmarks/attribution_suite.py --launchers --runs 20    # only launcher and frozen-rank scenarios
+    .venv/bin/python benchmarks/attribution_suite.py --digests --runs 60 --seed S  # through a node sidecar with digests
 
 Each run is a real 4-rank gloo job under ``otel-gpu run -- torchrun`` (the ``lightning_*`` and ``spawn_*`` scenarios:
 ranks started by Lightning's own launcher or ``torch.multiprocessing.spawn``; ``*frozen``: a rank stopped by SIGSTOP)
@@ -13,6 +14,12 @@ run), and hardware evidence lands before, with or after the symptom (up to 5 s l
 verdict). About a fifth of the runs are healthy ones (a plain run, a 40 s rank-0 checkpoint, a node-agent restart
 mid-job, a background-thread exception): any verdict there is a false alarm. What is scored is what a user sees: the
 latest version of each failure in the store; withdrawn verdicts are not failures.
+
+``--digests`` (issue 20) puts the node sidecar of docs/examples/sidecar.yaml in front of attribution: the job's
+telemetry and the fake hardware go to a second in-process collector whose ``compact`` processor (``digests: true``,
+``batch_interval`` 1 s) folds the ranks' heartbeats and step spans into node digests, and on over OTLP on loopback
+to the attributing collector; a node-agent restart restarts that sidecar. ``--sidecar`` is the same stage with
+digests off (to tell what digests change from what the sidecar's filtering and batching change).
 
 Floors (issue 10): precision and recall 1.0 on kind, root cause and culprit; no false alarm; a hang within
 hang_timeout + 5 s of its start; a crash in the store within 1 s of the first rank's exit.
@@ -155,6 +162,10 @@ def main() -> int:
                         help="only the launcher (lightning_*, spawn_*) and frozen-rank scenarios (issue 22)")
     parser.add_argument("--healthy-share", type=float, default=0.2, help="share of healthy-type runs (default 0.2)")
     parser.add_argument("--hang-timeout", type=float, default=8.0)
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--digests", action="store_true",
+                      help="through a node sidecar whose compact processor sends node digests (issue 20)")
+    mode.add_argument("--sidecar", action="store_true", help="through a node sidecar, digests off")
     parser.add_argument("--json", help="append one JSON line per run here (as it finishes)")
     parser.add_argument("--summarize", help="print the summary of a --json file (e.g. of a run cut short) and exit")
     args = parser.parse_args()
@@ -169,13 +180,16 @@ def main() -> int:
         parser.error(f"unknown scenario(s) {unknown}; known: {', '.join(SCENARIOS)}")
     rng = random.Random(args.seed)
     cases = draw_cases(rng, args.runs, args.only, healthy_share=args.healthy_share)
-    print(f"seed {args.seed}; {len(cases)} runs; hang timeout {args.hang_timeout} s", flush=True)
+    sidecar = {"digests": True} if args.digests else {} if args.sidecar else None
+    path = "job -> sidecar (compact, digests) -> OTLP -> attribution" if args.digests else \
+        "job -> sidecar (compact) -> OTLP -> attribution" if args.sidecar else "job -> attribution"
+    print(f"seed {args.seed}; {len(cases)} runs; hang timeout {args.hang_timeout} s; {path}", flush=True)
     print(f"{'#':>3} {'scenario':23} {'k':>3} {'dirt':26} {'lag':>5} {'expected':40} {'found':40} {'det':>6} "
           f"{'store':>6} {'ok':>3}", flush=True)
     rows: list[dict] = []
     start = time.time()
     for i, case in enumerate(cases, 1):
-        r = run_case(case, hang_timeout_s=args.hang_timeout, seed=rng.randrange(1 << 30))
+        r = run_case(case, hang_timeout_s=args.hang_timeout, seed=rng.randrange(1 << 30), sidecar=sidecar)
         rows.append(row(case, r))
         if args.json:
             with open(args.json, "a") as fh:

@@ -5,6 +5,12 @@ hardware that can start dirty (ports down since boot, a power cap already on, ba
 
 What counts is what a user sees: the verdicts are read back from the collector's store (the latest version of each
 failure; withdrawn verdicts are not failures), with the time each first appeared there.
+
+With ``sidecar`` (``benchmarks/attribution_suite.py --digests``) the node-sidecar stage of a multi-node deployment
+stands in front of attribution, as docs/examples/sidecar.yaml deploys it: a second in-process collector (the node
+agent) takes the job's OTLP and the fake NVML / sysfs receivers, runs them through the ``compact`` processor
+(``batch_interval`` 1 s; ``{"digests": True}``: node digests) and exports them over OTLP on loopback to the
+aggregator collector, which attributes and stores. A node-agent restart then restarts the sidecar only.
 """
 from __future__ import annotations
 
@@ -31,7 +37,7 @@ from otel_gpu.exporters.store import db
 from otel_gpu.testing.fake_sysfs import FakeSysfs
 
 __all__ = ["SCENARIOS", "Scenario", "ScenarioResult", "Dirt", "Case", "draw_cases", "run_scenario", "run_case",
-           "collector_config", "FakeSysfs"]
+           "collector_config", "sidecar_config", "FakeSysfs"]
 
 WORLD = 4
 IB_PORT = ("mlx5_0", 1)  # the job's port: up when the job starts
@@ -331,6 +337,33 @@ def collector_config(workdir: Path, *, grpc_port: int, prometheus_port: int | No
     return json.dumps(config, indent=2)
 
 
+def sidecar_config(workdir: Path, *, grpc_port: int, aggregator_port: int, nvml: dict[str, Any] | None = None,
+                   compact: dict[str, Any] | None = None) -> str:
+    """The node sidecar of docs/examples/sidecar.yaml in front of the suite's aggregator (:func:`collector_config`
+    with ``fake_hardware=False`` on ``aggregator_port``): the job's OTLP and the fake NVML and sysfs in, the
+    ``compact`` processor (``compact``: settings over ``batch_interval: 1s``, e.g. ``{"digests": True}``), OTLP out.
+    No backend pipelines (nothing here reads them)."""
+    nvml_scenario = workdir / "nvml.yaml"
+    nvml_scenario.write_text(json.dumps(nvml or {"gpu_count": WORLD}))
+    to_aggregator = {"receivers": None, "processors": ["compact"], "exporters": ["otlp/aggregator"]}
+    config = {
+        "receivers": {"otlp": {"grpc": {"endpoint": f"127.0.0.1:{grpc_port}"}, "http": None},
+                      "nvml": {"backend": "fake", "scenario": str(nvml_scenario), "interval": "500ms",
+                               "pcie_throughput": False},
+                      "nic": {"sysfs_root": str(workdir / "sys"), "interval": "500ms"}},
+        # job_id empty, as the example's ${env:OTEL_GPU_JOB_ID:-} is here: learned from the training processes
+        "processors": {"compact": {"job_id": None, "batch_interval": "1s", **(compact or {})}},
+        "exporters": {"otlp/aggregator": {"endpoint": f"127.0.0.1:{aggregator_port}", "compression": "gzip",
+                                          "retry_on_failure": {"initial_interval": "200ms", "max_interval": "1s"}}},
+        "service": {"telemetry": {"logs": {"level": "warning"}}, "pipelines": {
+            "traces/aggregator": dict(to_aggregator, receivers=["otlp"]),
+            "metrics/aggregator": dict(to_aggregator, receivers=["otlp", "nvml", "nic"]),
+            "logs": dict(to_aggregator, receivers=["otlp", "nvml"]),
+        }},
+    }
+    return json.dumps(config, indent=2)
+
+
 # Counters a GPU keeps across a node-agent restart (the driver keeps them; only the agent restarted).
 _NVML_KEPT = ("pcie_replay", "ecc_corrected_volatile", "ecc_corrected_aggregate", "ecc_uncorrected_volatile",
               "ecc_uncorrected_aggregate", "clocks_event_reasons", "sm_clock_mhz", "temperature_c")
@@ -424,8 +457,11 @@ def run_scenario(scenario: Scenario, culprit_rank: int = 1, *, workdir: Path | N
                  progress: Callable[[str], None] | None = None, hang_timeout_s: float = 8.0,
                  prometheus_port: int | None = None, dirt: Dirt = Dirt(), evidence_lag_s: float = -1.5,
                  second_rank: int | None = None, seed: int | None = None,
-                 attribution: dict[str, Any] | None = None) -> ScenarioResult:
-    """Runs one scenario end to end; returns what the collector attributed (read back from its store)."""
+                 attribution: dict[str, Any] | None = None, sidecar: dict[str, Any] | None = None) -> ScenarioResult:
+    """Runs one scenario end to end; returns what the collector attributed (read back from its store).
+
+    ``sidecar``: ``compact`` settings of a node sidecar put in front of the attribution collector (see the module
+    docstring; ``{"digests": True}``: node digests); None: the job and the fake hardware send to it directly."""
     say = progress or (lambda _msg: None)
     rng = random.Random(seed)
     if scenario.fixed_rank is not None:
@@ -439,15 +475,32 @@ def run_scenario(scenario: Scenario, culprit_rank: int = 1, *, workdir: Path | N
     grpc_port = _free_port()
     nvml_spec = _nvml_scenario(dirt)
 
+    aggregator: Collector | None = None
+    if sidecar is not None:
+        aggregator_port = _free_port()
+        aggregator = Collector(load_text(collector_config(
+            workdir, grpc_port=aggregator_port, prometheus_port=prometheus_port, hang_timeout_s=hang_timeout_s,
+            fake_hardware=False, attribution=attribution), f"<scenario {scenario.name}: aggregator>"))
+        aggregator.start()
+
     def new_collector(spec: dict[str, Any]) -> Collector:
-        config = load_text(collector_config(workdir, grpc_port=grpc_port, prometheus_port=prometheus_port,
-                                            hang_timeout_s=hang_timeout_s, nvml=spec, attribution=attribution),
-                           f"<scenario {scenario.name}>")
-        c = Collector(config)
+        """The node agent: the one collector, or the sidecar in front of ``aggregator``."""
+        if sidecar is not None:
+            text = sidecar_config(workdir, grpc_port=grpc_port, aggregator_port=aggregator_port, nvml=spec,
+                                  compact=sidecar)
+        else:
+            text = collector_config(workdir, grpc_port=grpc_port, prometheus_port=prometheus_port,
+                                    hang_timeout_s=hang_timeout_s, nvml=spec, attribution=attribution)
+        c = Collector(load_text(text, f"<scenario {scenario.name}>"))
         c.start()
         return c
 
-    collector: Collector | None = new_collector(nvml_spec)
+    try:
+        collector: Collector | None = new_collector(nvml_spec)
+    except BaseException:
+        if aggregator is not None:
+            aggregator.shutdown(timeout_s=5)
+        raise
     holder = {"collector": collector}
 
     def fake_nvml() -> Any:
@@ -568,6 +621,8 @@ def run_scenario(scenario: Scenario, culprit_rank: int = 1, *, workdir: Path | N
         result.exit_code = job.returncode
         if collector is not None:
             collector.shutdown(timeout_s=10)
+        if aggregator is not None:
+            aggregator.shutdown(timeout_s=10)
         sysfs.stop()
     result.wall_s = time.time() - start
     result.job_output = log_path.read_text(errors="replace")[-6000:]
