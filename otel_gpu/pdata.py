@@ -51,7 +51,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
 __all__ = ["Batch", "Signal", "MalformedBatch", "any_value", "attribute", "attributes", "attributes_dict",
-           "body_object", "count_items", "data_points", "event_name", "from_json", "iter_points", "log_records",
+           "body_object", "shared_body", "count_items", "data_points", "event_name", "from_json", "iter_points", "log_records",
            "metrics", "number_points", "point_value", "set_any", "spans", "to_json", "to_python"]
 
 
@@ -299,6 +299,36 @@ def body_object(record: Any) -> dict[str, Any] | None:
     if kind == "kvlist_value":
         return to_python(record.body, json_safe=True)
     return None
+
+
+_SHARED: dict[str, dict[str, Any] | None] = {}
+_SHARED_MAX = 4096  # bodies remembered (a batch's worth); cleared when full
+_SHARED_TEXT_MAX = 64 * 1024
+
+
+def shared_body(record: Any) -> dict[str, Any] | None:
+    """:func:`body_object` for readers that never change what it returns: the processors of one pipeline that read
+    the same record (a node digest: attribution, then goodput) decode its JSON once. The dict is shared: read only.
+
+    >>> from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord
+    >>> r = LogRecord(body=any_value('{"step": 7}'))
+    >>> shared_body(r) is shared_body(r), shared_body(r)
+    (True, {'step': 7})
+    """
+    if record.body.WhichOneof("value") != "string_value":
+        return body_object(record)
+    text = record.body.string_value
+    if len(text) > _SHARED_TEXT_MAX:
+        return body_object(record)
+    try:
+        return _SHARED[text]
+    except KeyError:
+        pass
+    out = body_object(record)
+    if len(_SHARED) >= _SHARED_MAX:
+        _SHARED.clear()
+    _SHARED[text] = out
+    return out
 
 
 # -- walking requests --------------------------------------------------------------------------------------------

@@ -157,12 +157,14 @@ def test_a_digest_sums_up_the_node_ranks_in_groups_with_who_is_behind():
     assert [g["ranks"] for g in groups] == [[0, 1, 2, 3, 4, 6, 7], [5]]
     assert groups[0]["inflight"]["since"] == 6.0  # the group's oldest: its longest stall
     assert body["stalled"] == {"rank": 0, "s": 4.0}
-    assert len(body["steps"]) == 8 and body["step_s"][0] == pytest.approx(1.0) and body["step_s"][2] == \
-        pytest.approx(1.07)
+    # One row for step 3: all 8 ranks, rank 0's times (the lowest), the slowest rank's duration, no baseline yet.
+    ((row),) = body["step_rows"]
+    assert row[:5] == [3, 8, 1.0, 2.0, pytest.approx(1.07)] and row[8] is None
+    assert body["step_s"][0] == pytest.approx(1.0) and body["step_s"][2] == pytest.approx(1.07)
     assert set(body["who"]) == {str(r) for r in range(8)}  # new ranks: their identities
     # The next interval: nothing arrived, so nothing is fresh, nothing changed, identities are not sent again.
     ((_, again),) = d.bodies(11.0)
-    assert again["who"] == {} and again["changed"] == [] and again["steps"] == []
+    assert again["who"] == {} and again["changed"] == [] and again["step_rows"] == [] and again["step_s"] is None
     assert all(not g["fresh"] for g in again["groups"])
     json.dumps(again)  # the body is plain JSON
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 import logging
 import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -17,7 +18,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from otel_gpu.component import ComponentHost
-from otel_gpu.pdata import attributes_dict, body_object, number_points, point_value
+from otel_gpu.pdata import attributes_dict, body_object, number_points, point_value, shared_body
 from otel_gpu.processors.attribution import _digest
 from otel_gpu.processors.attribution._engine import Engine
 from otel_gpu.processors.attribution.config import AttributionConfig
@@ -59,7 +60,9 @@ def _identity(res: dict[str, Any]) -> Identity | None:
         return None
     gpu = res.get(I.GPU_INDEX)
     uuid = res.get(I.GPU_UUID)
-    return Identity(job_id=str(job), rank=rank, host=_text(res.get(I.HOST_NAME)), pid=_int(res.get(I.PROCESS_PID)),
+    host = _text(res.get(I.HOST_NAME))
+    return Identity(job_id=_shared(str(job)), rank=rank, host=None if host is None else _shared(host),
+                    pid=_int(res.get(I.PROCESS_PID)),
                     local_rank=_int(res.get(I.LOCAL_RANK)), world_size=_int(res.get(I.WORLD_SIZE)),
                     gpu=None if gpu is None else str(gpu), restart_count=_int(res.get(I.RESTART_COUNT)) or 0,
                     gpu_uuid=str(uuid) if uuid else None, net_ifaces=_ifaces(res.get(NET_INTERFACES)),
@@ -91,11 +94,31 @@ def _text(value: Any) -> str | None:
     return None if value is None else (value if isinstance(value, str) else str(value))
 
 
+def _shared(text: str) -> str:
+    """One copy of a job id or host name for all the identities that carry it (131,072 ranks: 8 per host)."""
+    return sys.intern(text) if len(text) <= 256 else text
+
+
+_IFACES: dict[Any, frozenset[str] | None] = {}  # attribute value -> interface set, shared by the ranks that say it
+
+
 def _ifaces(value: Any) -> frozenset[str] | None:
     """Interface names from an attribute: "eth0,ib0", ["mlx5_0:1", "mlx5_1"], NCCL's "=mlx5_0" (exact) prefix; a
     port suffix ":1" is dropped (ports are matched by device); "^..." (exclusions) tells nothing usable."""
     if not value:
         return None
+    key = value if isinstance(value, str) else tuple(map(str, value)) if isinstance(value, list) else None
+    if key is not None and key in _IFACES:
+        return _IFACES[key]
+    out = _parse_ifaces(value)
+    if key is not None and len(str(key)) <= 1024:
+        if len(_IFACES) >= 4096:
+            _IFACES.clear()
+        _IFACES[key] = out
+    return out
+
+
+def _parse_ifaces(value: Any) -> frozenset[str] | None:
     items = value if isinstance(value, list) else str(value).split(",")
     out = set()
     for item in items:
@@ -179,7 +202,7 @@ class Decoder:
                     elif name == _DIGEST:
                         view = view if view is not None else self.view(rl.resource)
                         try:
-                            body = body_object(record)
+                            body = shared_body(record)
                             if isinstance(body, dict):
                                 _digest.observe_digest(self.engine, view.attrs, body, now, _identity)
                         except (TypeError, ValueError, AttributeError, OverflowError, RecursionError, KeyError,

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from otel_gpu.processors.attribution import _hang, _slowdown
-from otel_gpu.processors.attribution._observations import Heartbeat, Identity, Inflight, StepSeen
+from otel_gpu.processors.attribution._observations import Heartbeat, Identity, Inflight, NodeStep
 from otel_gpu.processors.attribution._state import JobState, RankState
 
 if TYPE_CHECKING:
@@ -41,6 +41,7 @@ __all__ = ["DigestJob", "NodeState", "observe_digest", "quiet"]
 _INFLIGHT_KINDS = {"collective": "collective", "wait": "collective", "flight_recorder": "collective",
                    "p2p": "collective", "data": "data", "checkpoint": "checkpoint"}
 _MAX_NODES = 65536
+_MAX_OPEN_STEPS = 256
 
 
 @dataclass
@@ -54,6 +55,8 @@ class NodeState:
     stall_t0: float = 0.0  # min over its ranks of last_seen - own stall: stalled past T at now iff now - it >= T
     seen_floor: float = 0.0  # min over its ranks of last_seen
     pg: dict[str, dict] = field(default_factory=dict)  # the digest's per-group summary
+    last_step: int = -1  # the highest step its rows named
+    counted: bool = False  # in DigestJob.at_step
 
 
 @dataclass
@@ -65,6 +68,34 @@ class DigestJob:
     rank_node: dict[int, str] = field(default_factory=dict)  # every rank a digest named -> its host
     identities: dict[int, Identity] = field(default_factory=dict)
     digests: int = 0
+    steps: dict[int, NodeStep] = field(default_factory=dict)  # steps not closed yet, merged over the nodes' rows
+    #: last_step -> nodes at it: how many nodes are past a step, without a walk over the nodes
+    at_step: dict[int, int] = field(default_factory=dict)
+
+    live: int = 0  # nodes counted in at_step: their ranks step (a node whose ranks all exited is not)
+
+    def move(self, node: NodeState, step: int) -> None:
+        """``node``'s rows reached ``step``."""
+        self.uncount(node)
+        node.last_step, node.counted = step, True
+        self.at_step[step] = self.at_step.get(step, 0) + 1
+        self.live += 1
+
+    def uncount(self, node: NodeState) -> None:
+        """``node`` no longer holds steps back (its ranks exited), or is about to be counted at a new step."""
+        if not node.counted:
+            return
+        left = self.at_step.get(node.last_step, 0) - 1
+        if left > 0:
+            self.at_step[node.last_step] = left
+        else:
+            self.at_step.pop(node.last_step, None)
+        node.counted = False
+        self.live -= 1
+
+    def past(self, step: int) -> int:
+        """Counted nodes whose rows went beyond ``step``."""
+        return sum(count for s, count in self.at_step.items() if s > step)
 
     def behind(self) -> dict[str, list[dict[str, Any]]]:
         """Per process group, the nodes behind the job's highest started collective: ``{pg: [{host, started,
@@ -163,9 +194,10 @@ def observe_digest(engine: Engine, res: dict[str, Any], body: dict[str, Any], no
     node.sent, node.received = sent, now
     dj.digests += 1
     node.pg = body.get("pg") or {}
+    job_ranks = job.ranks
 
     def rank_state(n: int) -> RankState:
-        r = job.ranks.get(n)
+        r = job_ranks.get(n)
         who = fresh_ids.get(n)
         if r is None or who is not None:
             if who is None:
@@ -174,7 +206,7 @@ def observe_digest(engine: Engine, res: dict[str, Any], body: dict[str, Any], no
                     raise ValueError(f"digest names rank {n!r} of no job")
                 if who.restart_count != job.restart_count:
                     who = Identity(who.job_id, who.rank, who.host, restart_count=job.restart_count)
-            created = n not in job.ranks
+            created = n not in job_ranks
             _, r = engine._rank(who, now)
             if created:
                 r.last_seen = now  # a digest named it: a record of it reached its sidecar, as one would here
@@ -182,40 +214,61 @@ def observe_digest(engine: Engine, res: dict[str, Any], body: dict[str, Any], no
         return r
 
     for g in body.get("groups") or []:
-        members = [int(n) for n in g.get("ranks") or []]
+        members = g.get("ranks") or ()
         if not members:
             continue
         hb = None
         fresh = bool(g.get("fresh"))
         for n in members:
-            r = rank_state(n)
+            r = job_ranks.get(n) if n not in fresh_ids else None  # the usual case: a rank known, no new identity
+            if r is None:
+                r = rank_state(int(n))
             if hb is None:
                 hb = _heartbeat(r.who, g)
             r.last_heartbeat = hb
             if fresh and now > r.last_seen:
                 r.last_seen = now
-    closes = False
-    for st in body.get("steps") or []:
-        n, step = int(st[0]), int(st[1])
-        r = rank_state(n)
-        seen = StepSeen(r.who, step, float(st[2]), float(st[3]), _float(st[4]), _float(st[5]), _float(st[6]))
-        r.steps.append(seen)
-        if now > r.last_seen:
-            r.last_seen = now
-        if step > job.last_step_closed:
-            job.step_times.setdefault(step, {})[n] = seen
-            closes = True
-    if closes:  # what Engine.observe_step does per step, once per digest
-        for finding in _slowdown.close_steps(engine, job, now):
-            engine._pending.append(engine._emit(job, finding, now))
     for n in body.get("gone") or []:
         node.ranks.discard(int(n))
-    node.ranks.update(ranks)
-    for n in ranks:
-        dj.rank_node.setdefault(n, host)
-        if n not in job.ranks:
-            rank_state(n)
+    if not ranks and not node.ranks:
+        dj.uncount(node)  # every rank of the node exited: the job's steps no longer wait for it
+    if set(ranks) != node.ranks:
+        node.ranks.update(ranks)
+        for n in ranks:
+            dj.rank_node.setdefault(n, host)
+            if n not in job_ranks:
+                rank_state(n)
+    rows = body.get("step_rows")
+    if rows:
+        _step_rows(engine, job, dj, node, rows, now)
     _node_floor(job, node)
+
+
+def _step_rows(engine: Engine, job: JobState, dj: DigestJob, node: NodeState, rows: list, now: float) -> None:
+    """Merges a node's step rows into the job's steps, and closes those every node with ranks reported (or passed),
+    as ``_slowdown.close_steps`` does per rank."""
+    for row in rows:
+        step = int(row[0])
+        if step > node.last_step:
+            dj.move(node, step)
+        if step <= job.last_step_closed:
+            continue
+        ns = dj.steps.get(step)
+        if ns is None:
+            if len(dj.steps) >= _MAX_OPEN_STEPS:
+                del dj.steps[min(dj.steps)]
+            ns = dj.steps[step] = NodeStep(float(row[2]))
+        ns.add(row)
+    while dj.steps:
+        step = min(dj.steps)
+        ns = dj.steps[step]
+        if ns.nodes < dj.live and dj.past(step) < dj.live:
+            break
+        del dj.steps[step]
+        job.last_step_closed = step
+        finding = _slowdown.evaluate(engine, job, step, ns.duration, ns, None)
+        if finding is not None:
+            engine._pending.append(engine._emit(job, finding, now))
 
 
 def _node_floor(job: JobState, node: NodeState) -> None:

@@ -119,7 +119,7 @@ class Engine:
 
     def observe_step(self, step: StepSeen, now: float) -> None:
         job, rank = self._rank(step.who, now)
-        rank.steps.append(step)
+        rank.note_step(step)
         rank.last_seen = max(rank.last_seen, now)
         if step.step <= job.last_step_closed:
             return

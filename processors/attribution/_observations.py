@@ -5,10 +5,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["Identity", "Heartbeat", "Stacks", "ExceptionSeen", "ExitSeen", "StateSeen", "StepSeen", "SpanSeen",
-           "GpuSample", "XidSeen", "NicSample"]
+           "GpuSample", "XidSeen", "NicSample", "NodeStep"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Identity:
     """Who a training record came from (resource attributes)."""
 
@@ -108,6 +108,51 @@ class StepSeen:
     @property
     def duration(self) -> float:
         return self.end - self.start
+
+
+@dataclass(slots=True)
+class NodeStep:
+    """One step of a job as its node digests sum it up (their step rows, ``processors/compact/_digest.py``), merged
+    over the nodes: what the slowdown detector reads instead of every rank's StepSeen."""
+
+    start: float  # the earliest start a row gave
+    duration: float = 0.0  # the slowest rank's
+    nodes: int = 0  # rows merged
+    data_min: float | None = float("inf")  # the least growth of a rank's data time over its baseline
+    floor: float | None = float("inf")  # the least (collective s + compute and data baselines) of a rank; None: unknown
+    #: (growth, rank, compute growth, data growth), most first: the ranks whose own time grew most (KEEP at most)
+    top: list[tuple[float, int, float, float]] = field(default_factory=list)
+
+    KEEP = 4
+
+    def add(self, row: list) -> None:
+        """Merges one node's row ``[step, ranks, start, end, duration, data_s, checkpoint_s, data_growth_min,
+        collective_floor_min, [[rank, compute_growth, data_growth], ...]]``."""
+        self.nodes += 1
+        self.start = min(self.start, float(row[2]))
+        self.duration = max(self.duration, float(row[4]))
+        if self.data_min is not None:
+            self.data_min = None if row[7] is None else min(self.data_min, float(row[7]))
+        if self.floor is not None:
+            self.floor = None if row[8] is None else min(self.floor, float(row[8]))
+        for n, dc, dd in row[9] or ():
+            dc, dd = float(dc), float(dd)
+            self.top.append((max(dc, dd), int(n), dc, dd))
+        if len(self.top) > self.KEEP:
+            self.top.sort(key=lambda t: (-t[0], t[1]))
+            del self.top[self.KEEP:]
+
+    @property
+    def bound(self) -> float:
+        """What a rank not among ``top`` grew at most (the least kept; 0.0 with none kept)."""
+        return min((t[0] for t in self.top), default=0.0)
+
+    def growth_of(self, rank: int) -> tuple[float, float]:
+        """(compute growth, data growth) of ``rank`` in this step; its bound when it is not among the kept."""
+        for _, n, dc, dd in self.top:
+            if n == rank:
+                return dc, dd
+        return self.bound, self.bound
 
 
 @dataclass

@@ -16,9 +16,10 @@ save has nothing to compare with and is never a record: it is badput (goodput's 
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from otel_gpu.processors.attribution._observations import SpanSeen, StepSeen
+from otel_gpu.processors.attribution._observations import NodeStep, SpanSeen, StepSeen
 from otel_gpu.processors.attribution._state import JobState, RankState
 from otel_gpu.processors.attribution._types import Evidence, Finding
 from otel_gpu.schema.failure import Action, Category, Kind, RootCause
@@ -26,7 +27,7 @@ from otel_gpu.schema.failure import Action, Category, Kind, RootCause
 if TYPE_CHECKING:
     from otel_gpu.processors.attribution._engine import Engine
 
-__all__ = ["close_steps", "checkpoint_span"]
+__all__ = ["close_steps", "checkpoint_span", "evaluate"]
 
 
 def compute_s(st: StepSeen) -> float | None:
@@ -41,7 +42,7 @@ def checkpoint_span(engine: Engine, job: JobState, rank: RankState, span: SpanSe
     if usual is None:  # the rank's first save: compare with what the job's other ranks usually take
         others = [d for r in job.ranks.values() if r is not rank for d in r.checkpoints]
         usual = statistics.median(others) if others else None
-    rank.checkpoints.append(duration)
+    rank.note_checkpoint(duration)
     # With no save of the job to compare with, a long save is how this job checkpoints (a first 40 s save of a
     # big model is normal): badput, never a failure. A hung save is the hang detector's (checkpoint_timeout_s).
     if usual is None or duration <= engine.settings.checkpoint_stall_s or duration <= 3 * usual:
@@ -73,14 +74,23 @@ def close_steps(engine: Engine, job: JobState, now: float) -> list[Finding]:
 
 def _evaluate_step(engine: Engine, job: JobState, step: int, per_rank: dict[int, StepSeen],
                    now: float) -> Finding | None:
+    return evaluate(engine, job, step, max(x.duration for x in per_rank.values()), per_rank,
+                    lambda: _learn_rank_baselines(job, per_rank))
+
+
+def evaluate(engine: Engine, job: JobState, step: int, duration: float, detail: dict[int, StepSeen] | NodeStep,
+             learn: Callable[[], None] | None) -> Finding | None:
+    """One closed step of the job (``duration``: its slowest rank's), against the job's baseline. ``detail`` is what
+    attribution reads if the step is part of a slowdown: every rank's StepSeen, or the node digests' summary
+    (:class:`NodeStep`); ``learn`` teaches the ranks' baselines from a healthy step (None: the sidecars do)."""
     s = engine.settings
-    duration = max(x.duration for x in per_rank.values())
     job.step_done.append((step, duration))
     if len(job.step_done) <= s.slowdown_warmup_steps:
         return None
     if len(job.baseline) < 5:
         job.baseline.append(duration)
-        _learn_rank_baselines(job, per_rank)
+        if learn is not None:
+            learn()
         return None
     base = statistics.median(job.baseline)
     mad = statistics.median(abs(d - base) for d in job.baseline)
@@ -89,14 +99,15 @@ def _evaluate_step(engine: Engine, job: JobState, step: int, per_rank: dict[int,
     job.slow_flags.append(slow)
     if not slow:
         job.baseline.append(duration)
-        _learn_rank_baselines(job, per_rank)
+        if learn is not None:
+            learn()
         if job.slowdown_active is not None and not any(list(job.slow_flags)[-s.slowdown_confirm:]):
             job.slowdown_active = None  # recovered: a later slowdown is a new record
             job.slow_steps.clear()
         if not job.slowdown_active:
             job.slow_steps.clear()
         return None
-    job.slow_steps.append((step, per_rank))
+    job.slow_steps.append((step, detail))
     # Bounded: only the last slowdown_confirm + 2 are read (_attribute), and each holds one StepSeen per rank, so a
     # long slowdown of a 16k-rank job would otherwise grow without limit.
     del job.slow_steps[:-(s.slowdown_confirm + 2)]
@@ -113,48 +124,32 @@ def _learn_rank_baselines(job: JobState, per_rank: dict[int, StepSeen]) -> None:
         rank = job.ranks.get(rank_no)
         if rank is None:
             continue
-        compute = compute_s(st)
-        if compute is not None:
-            rank.compute_baseline.append(compute)
-        if st.data_s is not None:
-            rank.data_baseline.append(st.data_s)
+        rank.learn(compute_s(st), st.data_s)
 
 
 def _attribute(engine: Engine, job: JobState, base: float) -> Finding:
     episode = job.slow_steps[-(engine.settings.slowdown_confirm + 2):]
     onset_step, first = episode[0]
-    onset = min(x.start for x in first.values())
-    slow_duration = statistics.median(max(x.duration for x in pr.values()) for _, pr in episode)
+    by_node = isinstance(first, NodeStep)
+    if by_node:
+        onset = first.start
+        slow_duration = statistics.median(ns.duration for _, ns in episode)
+    else:
+        onset = min(x.start for x in first.values())
+        slow_duration = statistics.median(max(x.duration for x in pr.values()) for _, pr in episode)
     ev = [Evidence("otel_gpu.step.duration", f"{slow_duration:.3f}s vs baseline {base:.3f}s", onset),
           Evidence("first_slow_step", onset_step)]
-    # Which rank's own work grew: compute (straggler) or data loading; collective time grows on the others.
-    growth: dict[int, tuple[float, float]] = {}
-    for rank_no, rank in job.ranks.items():
-        computes = [compute_s(pr[rank_no]) for _, pr in episode if rank_no in pr]
-        datas = [pr[rank_no].data_s for _, pr in episode if rank_no in pr and pr[rank_no].data_s is not None]
-        c_base = statistics.median(rank.compute_baseline) if rank.compute_baseline else None
-        d_base = statistics.median(rank.data_baseline) if rank.data_baseline else None
-        dc = statistics.median(computes) - c_base if computes and None not in computes and c_base is not None \
-            else 0.0
-        dd = statistics.median(datas) - d_base if datas and d_base is not None else 0.0
-        growth[rank_no] = (dc, dd)
-    culprit_rank, kind_of = None, None
-    if growth:
-        excess = slow_duration - base
-        rank_no, (dc, dd) = max(growth.items(), key=lambda kv: max(kv[1]))
-        others = sorted(max(g) for r, g in growth.items() if r != rank_no)
-        runner_up = others[-1] if others else 0.0
-        if max(dc, dd) > 0.5 * excess and max(dc, dd) > 2 * max(runner_up, 0.0) + 0.01:
-            culprit_rank, kind_of = rank_no, ("data" if dd > dc else "compute")
-            ev.append(Evidence(f"rank{rank_no}.{kind_of}_s_increase", f"{max(dc, dd):.3f}"))
-        elif all(dd > 0.5 * excess for _, (dc_, dd) in growth.items()):
-            kind_of = "data_all"
-        elif _collective_grew_everywhere(job, episode, base, excess):
-            kind_of = "network"
-            ev.append(Evidence("collective_s_increase_on_all_ranks", f"> {0.5 * excess:.3f}"))
+    excess = slow_duration - base
+    culprit_rank, kind_of, grew = (_which_nodes if by_node else _which_ranks)(job, episode, base, excess)
+    rank = job.ranks.get(culprit_rank) if culprit_rank is not None else None
+    if rank is None and culprit_rank is not None:  # a rank the job no longer holds (restarted): no culprit
+        culprit_rank, kind_of = None, None
+    if culprit_rank is not None:
+        ev.append(Evidence(f"rank{culprit_rank}.{kind_of}_s_increase", f"{grew:.3f}"))
+    elif kind_of == "network":
+        ev.append(Evidence("collective_s_increase_on_all_ranks", f"> {0.5 * excess:.3f}"))
     suspects = [culprit_rank] if culprit_rank is not None else sorted(job.ranks)
     head = f"steps take {slow_duration:.2f} s instead of {base:.2f} s"
-    rank = job.ranks[culprit_rank] if culprit_rank is not None else None
     if kind_of in ("data", "data_all"):
         finding = Finding(Kind.SLOWDOWN, RootCause.DATALOADER_STALL, onset, 0.8, culprit_rank,
                           rank.who.host if rank else None, None, ev,
@@ -179,6 +174,57 @@ def _attribute(engine: Engine, job: JobState, base: float) -> Finding:
                           explainable_by=suspects)
     engine.explain(finding, job, throttle=True)
     return finding
+
+
+def _which_ranks(job: JobState, episode: list, base: float, excess: float) -> tuple[int | None, str | None, float]:
+    """(culprit rank, what grew, by how much) from every rank's steps of the episode."""
+    growth: dict[int, tuple[float, float]] = {}
+    for rank_no, rank in job.ranks.items():
+        computes = [compute_s(pr[rank_no]) for _, pr in episode if rank_no in pr]
+        datas = [pr[rank_no].data_s for _, pr in episode if rank_no in pr and pr[rank_no].data_s is not None]
+        c_base = statistics.median(rank.compute_baseline) if rank.compute_baseline else None
+        d_base = statistics.median(rank.data_baseline) if rank.data_baseline else None
+        dc = statistics.median(computes) - c_base if computes and None not in computes and c_base is not None \
+            else 0.0
+        dd = statistics.median(datas) - d_base if datas and d_base is not None else 0.0
+        growth[rank_no] = (dc, dd)
+    return _decide(growth, None, excess, lambda: all(dd > 0.5 * excess for _, dd in growth.values()),
+                   lambda: _collective_grew_everywhere(job, episode, base, excess))
+
+
+def _which_nodes(job: JobState, episode: list, base: float, excess: float) -> tuple[int | None, str | None, float]:
+    """The same from the node digests' step rows (:class:`NodeStep`): the ranks whose own time grew most on their
+    node, each rank's least data growth, and each rank's collective time against its usual share. A rank missing
+    from a step's kept ranks grew at most as much as the least kept one (its bound)."""
+    steps: list[NodeStep] = [ns for _, ns in episode]
+    growth: dict[int, tuple[float, float]] = {}
+    for n in {t[1] for ns in steps for t in ns.top}:
+        got = [ns.growth_of(n) for ns in steps]
+        growth[n] = (statistics.median(g[0] for g in got), statistics.median(g[1] for g in got))
+    rest = statistics.median(ns.bound for ns in steps) if len(job.ranks) > len(growth) else None
+    data_mins = [ns.data_min for ns in steps]
+    floors = [ns.floor for ns in steps]
+    return _decide(growth, rest, excess,
+                   lambda: None not in data_mins and statistics.median(data_mins) > 0.5 * excess,  # type: ignore
+                   lambda: None not in floors and statistics.median(floors) - base > 0.5 * excess)  # type: ignore
+
+
+def _decide(growth: dict[int, tuple[float, float]], rest: float | None, excess: float, data_all: Callable[[], bool],
+            network: Callable[[], bool]) -> tuple[int | None, str | None, float]:
+    """The rank whose compute or data time grew by more than half the excess and more than twice any other's (``rest``:
+    what the ranks not in ``growth`` grew at most); else every rank waits for data; else the network."""
+    if not growth:
+        return None, None, 0.0
+    rank_no, (dc, dd) = max(growth.items(), key=lambda kv: max(kv[1]))
+    others = [max(g) for r, g in growth.items() if r != rank_no] + ([rest] if rest is not None else [])
+    runner_up = max(others) if others else 0.0
+    if max(dc, dd) > 0.5 * excess and max(dc, dd) > 2 * max(runner_up, 0.0) + 0.01:
+        return rank_no, ("data" if dd > dc else "compute"), max(dc, dd)
+    if data_all():
+        return None, "data_all", 0.0
+    if network():
+        return None, "network", 0.0
+    return None, None, 0.0
 
 
 def _collective_grew_everywhere(job: JobState, episode: list, base: float, excess: float) -> bool:

@@ -14,8 +14,14 @@ from otel_gpu.schema.failure import RootCause
 __all__ = ["RankState", "JobState", "OpenVerdict", "merge_identity"]
 
 
-@dataclass
+_NONE: tuple = ()  # a rank's history before its first entry: one shared empty tuple, not four deques per rank
+
+
+@dataclass(slots=True)
 class RankState:
+    """What the detectors know of one rank. Slots and histories made on first use: a job of 131,072 ranks holds one
+    of these per rank (benchmarks/aggregator_scale.py), and with node digests most ranks never fill a history."""
+
     who: Identity
     last_heartbeat: Heartbeat | None = None
     last_seen: float = 0.0  # collector clock of the newest report from this rank
@@ -24,16 +30,37 @@ class RankState:
     background_exception: ExceptionSeen | None = None  # raised in another thread: a crash only if the rank stops
     exit: ExitSeen | None = None
     frozen: StateSeen | None = None  # its process exists but does not run (state T or D), as its launcher saw
-    # StepSeen. Only the newest is read (close_steps); a short deque keeps per-rank memory small at aggregator
+    # StepSeen. Only the newest is read (close_steps); a short history keeps per-rank memory small at aggregator
     # scale (64 per rank held ~100 MB for a 4k-rank job; benchmarks/aggregator_scale.py).
-    steps: deque = field(default_factory=lambda: deque(maxlen=2))
-    compute_baseline: deque = field(default_factory=lambda: deque(maxlen=32))  # healthy compute seconds
-    data_baseline: deque = field(default_factory=lambda: deque(maxlen=32))
-    checkpoints: deque = field(default_factory=lambda: deque(maxlen=16))  # durations
+    steps: deque | tuple = _NONE
+    compute_baseline: deque | tuple = _NONE  # healthy compute seconds (32)
+    data_baseline: deque | tuple = _NONE
+    checkpoints: deque | tuple = _NONE  # durations (16)
     rank: int = field(init=False)  # who.rank, read often enough to be a plain attribute
 
     def __post_init__(self) -> None:
         self.rank = self.who.rank
+
+    def note_step(self, step: StepSeen) -> None:
+        if not self.steps:
+            self.steps = deque(maxlen=2)
+        self.steps.append(step)  # type: ignore[union-attr]
+
+    def learn(self, compute: float | None, data: float | None) -> None:
+        """A healthy step's compute and data seconds (the rank's baselines)."""
+        if compute is not None:
+            if not self.compute_baseline:
+                self.compute_baseline = deque(maxlen=32)
+            self.compute_baseline.append(compute)  # type: ignore[union-attr]
+        if data is not None:
+            if not self.data_baseline:
+                self.data_baseline = deque(maxlen=32)
+            self.data_baseline.append(data)  # type: ignore[union-attr]
+
+    def note_checkpoint(self, duration: float) -> None:
+        if not self.checkpoints:
+            self.checkpoints = deque(maxlen=16)
+        self.checkpoints.append(duration)  # type: ignore[union-attr]
 
     def failed(self) -> bool:
         """Raised in its main thread, or ended with a non-zero code, a signal, or vanished (no status at all)."""

@@ -17,7 +17,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 
 from otel_gpu.component import Processor
 from otel_gpu.otlp_build import LogsBuilder, MetricsBuilder, merge
-from otel_gpu.pdata import Batch, Signal, attribute, attributes_dict, body_object
+from otel_gpu.pdata import Batch, Signal, attribute, attributes_dict, body_object, shared_body
 from otel_gpu.processors.goodput._ledger import JobLedger
 from otel_gpu.schema import collector as C
 from otel_gpu.schema import failure as F
@@ -205,25 +205,24 @@ class GoodputProcessor(Processor):
             self._out_of_window(replaced, "failure times")
 
     def _digest(self, job: str, restarts: int, record, t: float) -> None:
-        """A node digest (compact processor, digests on): its steps count as the ranks' step spans would (one rank's
-        step counts for the job, so one tuple per step number is enough)."""
-        body = body_object(record)
-        steps = body.get("steps") if isinstance(body, dict) else None
+        """A node digest (compact processor, digests on): its step rows count as the ranks' step spans would (one
+        rank's step counts for the job; a row carries its node's lowest rank's start, end, data and checkpoint
+        seconds)."""
+        body = shared_body(record)
+        rows = body.get("step_rows") if isinstance(body, dict) else None
         ledger = self._ledger(job, t, restarts)
-        if not isinstance(steps, list):
+        if not isinstance(rows, list):
             return
-        done: set[int] = set()
-        for st in steps:
-            if not isinstance(st, list) or len(st) < 7:
+        for row in rows:
+            if not isinstance(row, list) or len(row) < 7:
                 continue
-            step, start, end = _step(st[1]), _seconds(st[2], t), _seconds(st[3], t)
-            if step is None or step in done:
+            step, start, end = _step(row[0]), _seconds(row[2], t), _seconds(row[3], t)
+            if step is None:
                 continue
-            done.add(step)
             if start < ledger.first_seen:
                 ledger.touch(start, restarts)
             ledger.touch(end, restarts)
-            ledger.step(step, start, end, _seconds(st[5], 0.0), _seconds(st[6], 0.0), self.config.slowdown_ratio,
+            ledger.step(step, start, end, _seconds(row[5], 0.0), _seconds(row[6], 0.0), self.config.slowdown_ratio,
                         restart_count=restarts)
 
     def report(self) -> None:
