@@ -1,6 +1,8 @@
 """The collector's self-telemetry, as prometheus-client counters named from the schema."""
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from otel_gpu.pdata import Signal
@@ -41,17 +43,27 @@ class PrometheusSelfTelemetry:
                                       names.OUT_OF_WINDOW.description, _LABELS[:1], registry=self.registry)
         self._degraded = Gauge(names.DEGRADED.prometheus_name, names.DEGRADED.description, _LABELS[:1],
                                registry=self.registry)
+        self._children: dict[tuple, Any] = {}  # (counter, component, signal) -> its labelled child
         self._by_component = {names.POISON_RECORDS.name: self._poison, names.OUT_OF_WINDOW.name: self._out_of_window,
                               names.DEGRADED.name: self._degraded}
 
+    def _child(self, counter: Any, component: str, signal: Signal) -> Any:
+        """The labelled child of a per-(component, signal) counter, looked up once (``labels()`` costs ~5 us, and
+        the receiver and every exporter count each request: at 16,384 node digests a second that was 0.1 CPU s)."""
+        key = (id(counter), component, signal)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = counter.labels(component, signal.value)
+        return child
+
     def received(self, component: str, signal: Signal, n: int) -> None:
-        self._received.labels(component, signal.value).inc(n)
+        self._child(self._received, component, signal).inc(n)
 
     def refused(self, component: str, signal: Signal, n: int) -> None:
         self._refused.labels(component, signal.value).inc(n)
 
     def exported(self, component: str, signal: Signal, n: int) -> None:
-        self._exported.labels(component, signal.value).inc(n)
+        self._child(self._exported, component, signal).inc(n)
 
     def dropped(self, component: str, signal: Signal, n: int) -> None:
         self._dropped.labels(component, signal.value).inc(n)

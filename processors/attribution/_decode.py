@@ -18,10 +18,11 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from otel_gpu.component import ComponentHost
-from otel_gpu.pdata import attributes_dict, body_object, number_points, point_value, shared_body
+from otel_gpu.pdata import attributes_dict, body_object, number_points, point_value, shared_body, to_python
 from otel_gpu.processors.attribution import _digest
 from otel_gpu.processors.attribution._engine import Engine
 from otel_gpu.processors.attribution.config import AttributionConfig
+from otel_gpu.processors.attribution._evidence import NIC_READ_COUNTERS
 from otel_gpu.processors.attribution._metric_memo import MetricMemo
 from otel_gpu.processors.attribution._observations import (ExceptionSeen, ExitSeen, GpuSample, Heartbeat, Identity,
                                                            Inflight, NicSample, SpanSeen, Stacks, StateSeen, StepSeen,
@@ -45,6 +46,73 @@ _NIC_UP = {N.IB_UP.name, N.ETH_UP.name}
 # The instrumentation says where an in-flight operation was seen; the engine needs only what it is.
 _INFLIGHT_KINDS = {"collective": "collective", "wait": "collective", "flight_recorder": "collective",
                    "p2p": "collective", "data": "data", "checkpoint": "checkpoint"}
+
+
+_GPU_KEYS = frozenset((I.GPU_INDEX, I.HW_ID))
+_GPU_WANTED = {G.CLOCK_EVENT_ACTIVE.name: _GPU_KEYS | {G.CLOCK_EVENT_REASON},
+               G.ECC_ERRORS.name: _GPU_KEYS | {G.ERROR_TYPE, G.ECC_COUNTER},
+               G.PROCESS_MEMORY.name: _GPU_KEYS | {I.PROCESS_PID}}
+_NIC_COUNTER_KEYS = frozenset((G.ERROR_TYPE, N.COUNTER))
+_NIC_PORT_KEYS = frozenset((N.DEVICE, N.PORT))
+
+
+class _Layouts:
+    """Where the attributes a decoder reads sit in a metric's data points.
+
+    A receiver writes every point of a metric with the same attributes in the same order (a GPU's identity, then
+    what the point counts), and most of them are not read (vendor, model, driver, PCI id). Decoding every attribute
+    of every point was most of the aggregator's cost for a node's first metrics (about 3 ms a node;
+    benchmarks/aggregator_scale.py). After one full scan of a point, the next points of that metric and length are
+    read at those positions only, each checked by its key; a point laid out otherwise is scanned again.
+
+    >>> from otel_gpu.otlp_build import attributes
+    >>> lay = _Layouts()
+    >>> a = attributes({"gpu.index": 0, "hw.vendor": "x", "error.type": "uncorrected"})
+    >>> b = attributes({"gpu.index": 1, "hw.vendor": "x", "error.type": "corrected"})
+    >>> lay.pick("hw.errors", "gpu", a, {"gpu.index", "error.type"}), lay.pick("hw.errors", "gpu", b, {"gpu.index"})
+    ({'gpu.index': 0, 'error.type': 'uncorrected'}, {'gpu.index': 1})
+    >>> lay.pick("hw.errors", "gpu", list(reversed(b)), {"gpu.index"})  # another order: scanned
+    {'gpu.index': 1}
+    """
+
+    _MAX = 1024  # layouts remembered (metric x decoder x attribute count)
+
+    def __init__(self) -> None:
+        #: (metric, decoder, attribute count) -> (positions and names of the attributes read, those names)
+        self._at: dict[tuple[str, str, int], tuple[tuple[tuple[int, str], ...], frozenset[str]]] = {}
+
+    def pick(self, metric: str, decoder: str, attrs: Any, wanted: Any, required: str | None = None) -> dict[str, Any]:
+        """The ``wanted`` attributes of one point (``attrs``: its repeated KeyValue); nothing when its layout has no
+        ``required`` attribute (a NIC's point of hw.errors, for the GPU decoder)."""
+        key = (metric, decoder, len(attrs))
+        known = self._at.get(key)
+        if known is not None:
+            at, names = known
+            if required is not None and required not in names:
+                return {}
+            out: dict[str, Any] = {}
+            for i, name in at:
+                kv = attrs[i]
+                if kv.key != name:
+                    break
+                if name in wanted:
+                    out[name] = to_python(kv.value)
+            else:
+                return out
+        out, found = {}, []
+        for i, kv in enumerate(attrs):
+            name = kv.key
+            if name in _ALL_WANTED:
+                found.append((i, name))
+                if name in wanted:
+                    out[name] = to_python(kv.value)
+        if len(self._at) >= self._MAX:
+            self._at.clear()
+        self._at[key] = (tuple(found), frozenset(name for _, name in found))
+        return out
+
+
+_ALL_WANTED = frozenset().union(_GPU_KEYS, *_GPU_WANTED.values(), _NIC_COUNTER_KEYS, _NIC_PORT_KEYS)
 
 
 def _int(v: Any) -> int | None:
@@ -173,6 +241,7 @@ class Decoder:
         self._clock = clock
         self._views: dict[bytes, _ResourceView] = {}
         self._metric_memo = MetricMemo()
+        self._layouts = _Layouts()
 
     def view(self, resource) -> _ResourceView:
         """Performance (aggregator scale, benchmarks/aggregator_scale.py): every request of a rank carries the same
@@ -292,6 +361,9 @@ class Decoder:
             res_key = rm.resource.SerializeToString()
             seen_at = None  # an unchanged metric's time: its node's devices were seen then (_metric_memo)
             for sm in rm.scope_metrics:
+                # The scope is in the key: a sidecar's nvml and nic receivers share a resource, and each sends a
+                # hw.errors metric (the GPUs', the ports'), which would otherwise displace the other every poll.
+                memo_key = res_key + b"\0" + sm.scope.name.encode()
                 for m in sm.metrics:
                     name = m.name
                     gpu = name.startswith("gpu.") or name in (G.ECC_ERRORS.name,)
@@ -299,7 +371,7 @@ class Decoder:
                     if not (gpu or nic):
                         continue
                     host = host or self._host(self.view(rm.resource).attrs)
-                    same = memo.unchanged(res_key, m)
+                    same = memo.unchanged(memo_key, m)
                     if same is not None:
                         seen_at = max(seen_at or 0.0, same or self._clock())
                         continue
@@ -328,8 +400,12 @@ class Decoder:
         if name not in _GPU_COUNTERS and name not in (G.CLOCK_EVENT_ACTIVE.name, G.ECC_ERRORS.name,
                                                       G.PROCESS_MEMORY.name):
             return
+        pick, wanted = self._layouts.pick, _GPU_WANTED.get(name, _GPU_KEYS)
+        clock = name == G.CLOCK_EVENT_ACTIVE.name
         for p in number_points(m):
-            attrs = attributes_dict(p.attributes)
+            value = point_value(p)
+            # An inactive clock-event reason says only that its GPU reports: its index is all that is read.
+            attrs = pick(name, "gpu", p.attributes, _GPU_KEYS if clock and value < 1 else wanted, I.GPU_INDEX)
             index = attrs.get(I.GPU_INDEX)
             if index is None:
                 continue
@@ -338,25 +414,33 @@ class Decoder:
             sample = gpus.get(key)
             if sample is None:
                 sample = gpus[key] = GpuSample(host, key, t, uuid=attrs.get(I.HW_ID))
-            if name == G.CLOCK_EVENT_ACTIVE.name:
+            if clock:
                 active = set(sample.clock_events or ())
-                if point_value(p) >= 1:
+                if value >= 1:
                     active.add(str(attrs.get(G.CLOCK_EVENT_REASON)))
                 sample.clock_events = frozenset(active)
             elif name == G.ECC_ERRORS.name:
                 if attrs.get(G.ERROR_TYPE) == "uncorrected" and attrs.get(G.ECC_COUNTER) != "aggregate":
-                    sample.counters["ecc_uncorrected"] = sample.counters.get("ecc_uncorrected", 0.0) + point_value(p)
+                    sample.counters["ecc_uncorrected"] = sample.counters.get("ecc_uncorrected", 0.0) + value
             elif name == G.PROCESS_MEMORY.name:
                 pid = _int(attrs.get(I.PROCESS_PID))
                 if pid is not None:
                     sample.pids = sample.pids + (pid,)
             else:
                 counter = _GPU_COUNTERS[name]
-                sample.counters[counter] = sample.counters.get(counter, 0.0) + point_value(p)
+                sample.counters[counter] = sample.counters.get(counter, 0.0) + value
 
     def _nic_metric(self, host: str, m, ports: dict[str, NicSample]) -> None:
+        name, pick = m.name, self._layouts.pick
+        up = name in _NIC_UP
         for p in number_points(m):
-            attrs = attributes_dict(p.attributes)
+            counter = None
+            if not up:
+                named = pick(name, "nic-counter", p.attributes, _NIC_COUNTER_KEYS)
+                counter = named.get(G.ERROR_TYPE) or named.get(N.COUNTER)
+                if not counter or str(counter) not in NIC_READ_COUNTERS:
+                    continue  # a counter no rule reads (_evidence keeps only those), or a GPU's
+            attrs = pick(name, "nic", p.attributes, _NIC_PORT_KEYS)
             device = attrs.get(N.DEVICE)
             if device is None:
                 continue
@@ -366,12 +450,10 @@ class Decoder:
             sample = ports.get(key)
             if sample is None:
                 sample = ports[key] = NicSample(host, key, t)
-            if m.name in _NIC_UP:
+            if up:
                 sample.up = point_value(p) >= 1
             else:
-                counter = attrs.get(G.ERROR_TYPE) or attrs.get(N.COUNTER)
-                if counter:
-                    sample.counters[str(counter)] = point_value(p)
+                sample.counters[str(counter)] = point_value(p)
 
     def spans(self, request: ExportTraceServiceRequest, now: float) -> bool:
         """Feeds step, data and checkpoint spans to the engine. Collective spans are only counted per step (their

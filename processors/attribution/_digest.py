@@ -148,9 +148,17 @@ def _heartbeat(who: Identity, g: dict[str, Any]) -> Heartbeat:
                         seq=_int(inflight.get("seq")), since=float(inflight["since"]),
                         bytes=_int(inflight.get("bytes")), p2p=bool(inflight.get("p2p")) or kind == "p2p")
     return Heartbeat(who, float(g.get("time") or 0.0), _int(g.get("step")), g.get("state"), infl,
-                     {str(k): int(v) for k, v in (g.get("last_seq") or {}).items()},
-                     {str(k): int(v) for k, v in (g.get("last_started_seq") or {}).items()},
+                     _seq_map(g.get("last_seq")), _seq_map(g.get("last_started_seq")),
                      g.get("stack_top"), _float(g.get("stalled_s")), _int(g.get("steps_done")))
+
+
+def _seq_map(v: Any) -> dict[str, int]:
+    """``{pg: seq}`` as the detectors read it; the digest's own dict when it is one already (shared, read only)."""
+    if not v:
+        return {}
+    if all(type(s) is int for s in v.values()):
+        return v  # JSON object keys are strings
+    return {str(k): int(s) for k, s in v.items()}
 
 
 def observe_digest(engine: Engine, res: dict[str, Any], body: dict[str, Any], now: float,
@@ -168,17 +176,19 @@ def observe_digest(engine: Engine, res: dict[str, Any], body: dict[str, Any], no
         who = identity({**base, **(attrs if isinstance(attrs, dict) else {}), "training.rank": int(key)})
         if who is not None:
             fresh_ids[who.rank] = who
-    probe = max(fresh_ids.values(), key=lambda w: w.restart_count, default=None)
-    if probe is None:
-        if not ranks:
-            return
-        probe = identity({**base, "training.rank": ranks[0]})
+    known = engine.jobs.get(res.get("training.job.id")) if not fresh_ids else None  # type: ignore[arg-type]
+    if known is not None:  # the usual digest: a known job, no new identity (what engine._job would find)
+        job = known
+        job.last_activity = max(job.last_activity, now)
+    else:
+        probe = max(fresh_ids.values(), key=lambda w: w.restart_count, default=None)
         if probe is None:
-            return
-        known = engine.jobs.get(probe.job_id)
-        if known is not None:
-            probe = Identity(probe.job_id, probe.rank, probe.host, restart_count=known.restart_count)
-    job = engine._job(probe, now)
+            if not ranks:
+                return
+            probe = identity({**base, "training.rank": ranks[0]})
+            if probe is None:
+                return
+        job = engine._job(probe, now)
     dj = job.digest
     if not isinstance(dj, DigestJob) or dj.restart_count != job.restart_count:
         dj = job.digest = DigestJob(job.restart_count)

@@ -11,18 +11,23 @@ marks its node's devices as seen.
 Example:
     >>> from opentelemetry.proto.metrics.v1 import metrics_pb2
     >>> memo, m = MetricMemo(), metrics_pb2.Metric(name="gpu.xid.errors")
-    >>> _ = m.sum.data_points.add(as_int=0, time_unix_nano=10**9)
+    >>> p = m.sum.data_points.add(as_int=0, time_unix_nano=10**9)
     >>> memo.unchanged(b"node-1", m), memo.unchanged(b"node-1", m)
     (None, 1.0)
+    >>> p.time_unix_nano = 2 * 10**9  # the next poll: only the time differs
+    >>> memo.unchanged(b"node-1", m)
+    2.0
+    >>> p.as_int = 1  # a counter rose
+    >>> memo.unchanged(b"node-1", m) is None
+    True
 """
 from __future__ import annotations
-
-from opentelemetry.proto.metrics.v1 import metrics_pb2
 
 from otel_gpu.pdata import data_points
 
 __all__ = ["MetricMemo"]
 
+_ZERO = bytes(8)
 _MAX = 400_000  # (resource, metric) pairs remembered: a node sends a dozen or two
 
 
@@ -36,18 +41,21 @@ class MetricMemo:
     def unchanged(self, resource_key: bytes, metric) -> float | None:
         """The metric's first point time (seconds; 0.0 when it has none) when its points are as last time; None
         otherwise (and it is remembered as the last)."""
-        fp = metrics_pb2.Metric()
-        fp.CopyFrom(metric)
-        first = None
-        for p in data_points(fp):
-            if first is None:
-                first = p.time_unix_nano / 1e9
-            p.time_unix_nano = 0
-            p.start_time_unix_nano = 0
-        fingerprint = hash(fp.SerializeToString(deterministic=True))
+        points = data_points(metric)
+        first = points[0] if len(points) else None
+        raw = metric.SerializeToString(deterministic=True)
+        # Timestamps aside: a receiver stamps every point of a poll with the same time (and a cumulative sum with
+        # the same start), so those eight bytes are masked in the encoding (fixed64, little-endian) rather than
+        # cleared on a copy of the metric (a copy cost ~0.1 ms for a node's 128 points). Points with times of their
+        # own still compare as changed: decoded again, never wrongly skipped.
+        if first is not None:
+            for t in (first.time_unix_nano, first.start_time_unix_nano):
+                if t:
+                    raw = raw.replace(t.to_bytes(8, "little"), _ZERO)
+        fingerprint = hash(raw)
         key = (resource_key, metric.name)
         if self._seen.get(key) == fingerprint:
-            return first or 0.0
+            return first.time_unix_nano / 1e9 if first is not None else 0.0
         if len(self._seen) >= _MAX:
             self._seen.clear()
         self._seen[key] = fingerprint

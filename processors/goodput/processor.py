@@ -33,11 +33,23 @@ _JOB, _RESTARTS = I.JOB_ID, I.RESTART_COUNT
 _DIGEST = T.NODE_DIGEST_EVENT.name
 
 
+_JOBS_OF: dict[bytes, tuple[str | None, int]] = {}  # a resource's encoding -> its job (senders repeat a few)
+
+
 def _job_of(resource) -> tuple[str | None, int]:
     """The resource's job id (a non-empty string, else None) and restart count (an int, else 0)."""
+    key = resource.SerializeToString()
+    found = _JOBS_OF.get(key)
+    if found is not None:
+        return found
     attrs = attributes_dict(resource.attributes)
     job, restarts = attrs.get(_JOB), attrs.get(_RESTARTS)
-    return job if isinstance(job, str) and job else None, restarts if type(restarts) is int else 0
+    found = (job if isinstance(job, str) and job else None, restarts if type(restarts) is int else 0)
+    if len(key) <= 4096:
+        if len(_JOBS_OF) >= 65536:
+            _JOBS_OF.clear()
+        _JOBS_OF[key] = found
+    return found
 
 
 def _attr(span, key: str, default: Any = None) -> Any:
