@@ -43,7 +43,7 @@ class Job:
     ``lost``: hosts whose ranks, sidecar and device metrics all stop at ``hang_at``."""
 
     def __init__(self, nodes: int, digests: bool, stuck: set[int] = frozenset(), lost: set[str] = frozenset(),
-                 hang_at: int = 30):
+                 hang_at: int = 30, slow: str | None = None, slow_rank: int | None = None, slow_at: int = 10_000):
         self.sim = [T0]
         cfg = build(AttributionConfig, {"hang_timeout": "8s", "heartbeat_timeout": "6s", "tick_interval": "1h"},
                     "processors.attribution")
@@ -62,7 +62,22 @@ class Job:
             self.sidecars.append(c)
         self.n = nodes * PER_NODE
         self.stuck, self.lost, self.hang_at = set(stuck), set(lost), hang_at
+        # A slowdown from step slow_at on: "compute" or "data" (slow_rank's own time grows by 0.6 s, the others wait
+        # that long in their collectives) or "network" (every rank's collectives take 0.6 s longer).
+        self.slow, self.slow_rank, self.slow_at = slow, slow_rank, slow_at
         self.records: list = []
+
+    def _step_times(self, rank: int, s: int) -> tuple[float, float, float]:
+        """(duration, collective s, data s) of ``rank``'s step ``s``; a little noise per rank and step."""
+        noise = ((rank * 7 + s * 13) % 10) * 0.002
+        duration, coll, data = 0.9 + noise, 0.3 + noise, 0.02
+        if self.slow is not None and s >= self.slow_at:
+            duration += 0.6
+            if self.slow == "network" or rank != self.slow_rank:
+                coll += 0.6
+            elif self.slow == "data":
+                data += 0.6
+        return duration, coll, data
 
     @staticmethod
     def host(rank: int) -> str:
@@ -87,9 +102,10 @@ class Job:
             step = min(s, self.hang_at)
             seq = step * COLLECTIVES
             if not hung:
+                duration, coll, data = self._step_times(rank, s)
                 sb = SpansBuilder(self._resource(rank))
-                sb.span(T.STEP_SPAN, int((now - 0.9) * 1e9), int(now * 1e9),
-                        {str(T.STEP): s, str(T.STEP_COLLECTIVE_S): 0.3, str(T.STEP_DATA_S): 0.02})
+                sb.span(T.STEP_SPAN, int((now - duration) * 1e9), int(now * 1e9),
+                        {str(T.STEP): s, str(T.STEP_COLLECTIVE_S): coll, str(T.STEP_DATA_S): data})
                 self._send(rank, Signal.TRACES, sb.build())
                 body = {"step": step, "state": "step", "inflight": None, "last_seq": {"0": seq},
                         "last_started_seq": {"0": seq}, "stalled_s": 0.1, "counters": {"steps": step}}
@@ -213,6 +229,28 @@ def test_a_hang_whose_culprit_is_rank_0_is_named_as_with_every_rank_records():
 def test_a_lost_node_is_named_as_with_every_rank_records():
     digest, per_rank, _ = _both(45, nodes=3, lost={"node-2"})
     assert digest == per_rank and digest[0][:2] == ("crash", "node_lost") and digest[0][3] == "node-2"
+
+
+@pytest.mark.parametrize("slow, slow_rank, expected", [
+    ("compute", 6, ("slowdown", "straggler_compute", 6, "node-1")),
+    ("compute", 0, ("slowdown", "straggler_compute", 0, "node-0")),
+    ("data", 9, ("slowdown", "dataloader_stall", 9, "node-2")),
+    ("network", None, ("slowdown", "unknown", None, None)),
+])
+def test_a_slowdown_is_named_from_the_node_step_rows_as_from_every_rank_step(slow, slow_rank, expected):
+    """The slowdown detector reads each node's step rows (the sidecar keeps each rank's baselines) instead of every
+    rank's step span, and names the same straggler, data stall or slow network."""
+    digest, per_rank, job = _both(40, nodes=3, slow=slow, slow_rank=slow_rank, slow_at=25, hang_at=10_000)
+    assert digest == per_rank == [expected]
+    reason = [r.details.get("reason") for r in job.records]
+    assert reason == [{"compute": "compute", "data": "data", "network": "network"}[slow]]
+    state = job.attribution.engine.jobs[JOB]
+    assert not state.step_times and all(not r.steps for r in state.ranks.values())  # no per-rank step kept
+
+
+def test_a_healthy_job_with_noisy_steps_gets_no_slowdown_either_way():
+    digest, per_rank, _ = _both(40, nodes=3, hang_at=10_000)
+    assert digest == per_rank == []
 
 
 def test_a_healthy_job_gets_no_verdict_and_its_ticks_skip_the_per_rank_walk(monkeypatch):

@@ -223,21 +223,33 @@ def observe_digest(engine: Engine, res: dict[str, Any], body: dict[str, Any], no
             dj.rank_node[n] = host
         return r
 
+    # The groups' heartbeats, and on the way what the gate reads (_node_floor, without a second walk).
+    stall_t0 = seen = float("inf")
+    covered = 0
     for g in body.get("groups") or []:
         members = g.get("ranks") or ()
         if not members:
             continue
         hb = None
+        own = 0.0
         fresh = bool(g.get("fresh"))
         for n in members:
-            r = job_ranks.get(n) if n not in fresh_ids else None  # the usual case: a rank known, no new identity
+            # the usual case: a rank known, no new identity
+            r = job_ranks.get(n) if not fresh_ids or n not in fresh_ids else None
             if r is None:
                 r = rank_state(int(n))
             if hb is None:
                 hb = _heartbeat(r.who, g)
+                own = _own_stall(hb)
             r.last_heartbeat = hb
             if fresh and now > r.last_seen:
                 r.last_seen = now
+            last = r.last_seen
+            if last - own < stall_t0:
+                stall_t0 = last - own
+            if last < seen:
+                seen = last
+            covered += 1
     for n in body.get("gone") or []:
         node.ranks.discard(int(n))
     if not ranks and not node.ranks:
@@ -251,7 +263,10 @@ def observe_digest(engine: Engine, res: dict[str, Any], body: dict[str, Any], no
     rows = body.get("step_rows")
     if rows:
         _step_rows(engine, job, dj, node, rows, now)
-    _node_floor(job, node)
+    if covered == len(node.ranks):  # every rank of the node was in a group (a sidecar's digest names them all)
+        node.stall_t0, node.seen_floor = stall_t0, seen
+    else:
+        _node_floor(job, node)
 
 
 def _step_rows(engine: Engine, job: JobState, dj: DigestJob, node: NodeState, rows: list, now: float) -> None:
@@ -281,6 +296,14 @@ def _step_rows(engine: Engine, job: JobState, dj: DigestJob, node: NodeState, ro
             engine._pending.append(engine._emit(job, finding, now))
 
 
+def _own_stall(hb: Heartbeat) -> float:
+    """How long the rank had made no progress when it sent ``hb`` (its watchdog's count, or its operation's age)."""
+    own = hb.stalled_s if hb.stalled_s is not None else 0.0
+    if hb.inflight is not None:
+        own = max(own, hb.time - hb.inflight.since)
+    return own
+
+
 def _node_floor(job: JobState, node: NodeState) -> None:
     stall_t0 = seen = float("inf")
     for n in node.ranks:
@@ -288,11 +311,7 @@ def _node_floor(job: JobState, node: NodeState) -> None:
         if r is None:
             continue
         hb = r.last_heartbeat
-        own = 0.0
-        if hb is not None:
-            own = hb.stalled_s if hb.stalled_s is not None else 0.0
-            if hb.inflight is not None:
-                own = max(own, hb.time - hb.inflight.since)
+        own = _own_stall(hb) if hb is not None else 0.0
         stall_t0 = min(stall_t0, r.last_seen - own)
         seen = min(seen, r.last_seen)
     node.stall_t0, node.seen_floor = stall_t0, seen
