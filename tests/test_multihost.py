@@ -7,6 +7,11 @@ docs/examples/sidecar.yaml, reading the host's real ``/sys/class/net``. Each job
 --nnodes 2 --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint node0:29400`` per host. One bed serves every test
 (module fixture); the last test checks that tearing it down leaves no namespace, veth or process behind.
 
+Node digests (issue 20, docs/scale.md): ``TestNodeDigests`` runs the user exception after an agent restart, the
+degraded then cut link and the lost node again on a bed whose sidecars send node digests, and asks for the same
+verdicts. ``OTEL_GPU_BED_DIGESTS=1`` turns digests on for the module's bed too (every test then runs with them, the
+one that needs every rank's step spans at the aggregator's backend skips).
+
 Needs root and iproute2: elsewhere these tests skip, except under CI=true, where they fail (.ci/run installs iproute2).
 """
 from __future__ import annotations
@@ -122,6 +127,52 @@ def _clear_triggers(bed) -> None:
         (h.workdir / "trigger").unlink(missing_ok=True)
 
 
+# Before the module's bed is first used: the two beds never run at once (the module fixture lives to the module's end).
+@needs_bed
+class TestNodeDigests:
+    """Every sidecar with ``processors.compact.digests: true``: the aggregator gets one node digest per second
+    instead of every rank's heartbeats and step spans, and names the same faults the same way."""
+
+    @pytest.fixture(scope="class")
+    def digest_bed(self):
+        from otel_gpu.testing.multinode import Bed
+
+        b = Bed(2, digests=True)
+        try:
+            b.start()
+        except cl.ClusterUnavailable as exc:
+            pytest.fail(f"the bed cannot be built here: {exc}")
+        try:
+            yield b
+        finally:
+            b.close()
+        assert cl.leftovers(b.cluster.prefix) == []
+
+    @pytest.fixture(scope="class")
+    def digest_restart_then_exception(self, digest_bed):
+        return _restart_then_exception(digest_bed)
+
+    @pytest.fixture(scope="class")
+    def digest_degrade_then_cut(self, digest_bed):
+        return _degrade_then_cut(digest_bed)
+
+    def test_user_exception_after_an_agent_restart_names_the_rank(self, digest_bed, digest_restart_then_exception):
+        run = digest_restart_then_exception
+        _agent_restart_is_no_failure(run)
+        _user_exception_names_rank3_on_node1(run)
+        # The verdict came from node digests: no rank's step span reached the aggregator (and its backend).
+        assert digest_bed.steps_seen(run["job_id"]) == {}
+
+    def test_degraded_link_is_a_network_slowdown(self, digest_bed, digest_degrade_then_cut):
+        _degraded_link_is_a_network_slowdown(digest_bed, digest_degrade_then_cut)
+
+    def test_link_cut_is_nic_link_down_on_host1(self, digest_bed, digest_degrade_then_cut):
+        _link_cut_is_nic_link_down_on_node1(digest_bed, digest_degrade_then_cut)
+
+    def test_node1_lost_is_node_lost_on_node1(self, digest_bed):
+        _node1_lost_is_node_lost_on_node1(digest_bed)
+
+
 @needs_bed
 def test_hosts_are_separate_machines_on_real_links(bed):
     node0, node1 = bed.hosts
@@ -136,8 +187,7 @@ def test_hosts_are_separate_machines_on_real_links(bed):
     assert node1.counters("data0")["tx_bytes"] > before  # the refused connection crossed the real veth
 
 
-@pytest.fixture(scope="module")
-def restart_then_exception(bed):
+def _restart_then_exception(bed) -> dict:
     """One job that needs no job id from anyone (the ranks agree at their rendezvous): host node1's sidecar is killed
     and restarted mid-job, then the last rank raises a user exception at step 120."""
     _clear_triggers(bed)
@@ -162,6 +212,28 @@ def restart_then_exception(bed):
             if _trigger_host(bed) else None}
 
 
+@pytest.fixture(scope="module")
+def restart_then_exception(bed):
+    return _restart_then_exception(bed)
+
+
+def _agent_restart_is_no_failure(run: dict) -> None:
+    assert run["t_trigger"] and run["t_trigger"] > run["t_back"], "the exception came before the agent was back"
+    # The only record of the job is the user exception that came later: the agent's absence was no failure.
+    assert [(f["kind"], f["root_cause"]) for f in run["failures"]] == [("crash", "python_exception")], run["failures"]
+
+
+def _user_exception_names_rank3_on_node1(run: dict) -> None:
+    assert run["trigger"] == "node1", "rank 3 ran on node1 (torchrun's c10d rendezvous orders nodes by name)"
+    (failure,) = run["failures"]
+    assert (failure["kind"], failure["root_cause"], failure["category"], failure["action"]) == \
+        ("crash", "python_exception", "user", "user_fix")
+    culprit = failure["culprit"]
+    assert (culprit["rank"], culprit["host"]) == (3, "node1")  # the rank's host (a join), not a host's fault
+    assert culprit["gpu"] == "GPU-00000001-0000-4000-8000-000000000001"  # node1's GPU 1: local rank 1
+    assert not any(e.startswith("nic.") for e in failure["evidence"])
+
+
 @needs_bed
 def test_one_job_id_on_every_node_agreed_at_the_rendezvous(bed, restart_then_exception):
     run = restart_then_exception
@@ -182,11 +254,17 @@ def test_one_job_id_on_every_node_agreed_at_the_rendezvous(bed, restart_then_exc
 
 
 @needs_bed
-def test_node_agent_restart_is_no_failure_and_loses_no_step(bed, restart_then_exception):
+def test_node_agent_restart_is_no_failure(restart_then_exception):
+    _agent_restart_is_no_failure(restart_then_exception)
+
+
+@needs_bed
+def test_node_agent_restart_loses_no_step_span(bed, restart_then_exception):
+    """Per-rank mode (digests off): the aggregator's backend gets every rank's step spans. With digests the sidecar
+    folds them into node digests and the backend gets none (docs/scale.md): nothing to count there."""
+    if bed.digests:
+        pytest.skip("digests on: the aggregator forwards no rank's step spans to its backend (docs/scale.md)")
     run = restart_then_exception
-    assert run["t_trigger"] and run["t_trigger"] > run["t_back"], "the exception came before the agent was back"
-    # The only record of the job is the user exception that came later: the agent's absence was no failure.
-    assert [(f["kind"], f["root_cause"]) for f in run["failures"]] == [("crash", "python_exception")], run["failures"]
     # Every step of every rank reached the aggregator, also those of node1 while its sidecar was down.
     steps = bed.steps_seen(run["job_id"])
     assert sorted(steps) == [0, 1, 2, 3]
@@ -195,16 +273,8 @@ def test_node_agent_restart_is_no_failure_and_loses_no_step(bed, restart_then_ex
 
 
 @needs_bed
-def test_user_exception_on_a_rank_of_host1_names_the_rank_not_the_host(bed, restart_then_exception):
-    run = restart_then_exception
-    assert run["trigger"] == "node1", "rank 3 ran on node1 (torchrun's c10d rendezvous orders nodes by name)"
-    (failure,) = run["failures"]
-    assert (failure["kind"], failure["root_cause"], failure["category"], failure["action"]) == \
-        ("crash", "python_exception", "user", "user_fix")
-    culprit = failure["culprit"]
-    assert (culprit["rank"], culprit["host"]) == (3, "node1")  # the rank's host (a join), not a host's fault
-    assert culprit["gpu"] == "GPU-00000001-0000-4000-8000-000000000001"  # node1's GPU 1: local rank 1
-    assert not any(e.startswith("nic.") for e in failure["evidence"])
+def test_user_exception_on_a_rank_of_host1_names_the_rank_not_the_host(restart_then_exception):
+    _user_exception_names_rank3_on_node1(restart_then_exception)
 
 
 @needs_bed
@@ -213,8 +283,7 @@ def test_report_shows_every_host_and_rank(bed, restart_then_exception):
     assert f"{restart_then_exception['job_id']}: 4 ranks of 4 on 2 hosts" in text, text
 
 
-@pytest.fixture(scope="module")
-def degrade_then_cut(bed):
+def _degrade_then_cut(bed) -> dict:
     """One job over the data links: host node1's link is rate-limited (``tc ... tbf rate 20mbit``) until a slowdown
     is recorded, restored, then cut (``ip link set data0 down``) until the hang is named."""
     from otel_gpu.testing.multinode import wait_training
@@ -238,9 +307,12 @@ def degrade_then_cut(bed):
     return out
 
 
-@needs_bed
-def test_degraded_link_on_host1_is_a_network_slowdown(bed, degrade_then_cut):
-    run = degrade_then_cut
+@pytest.fixture(scope="module")
+def degrade_then_cut(bed):
+    return _degrade_then_cut(bed)
+
+
+def _degraded_link_is_a_network_slowdown(bed, run: dict) -> None:
     assert run["slow"], bed.report_text()
     (failure,) = run["slow"]
     assert (failure["kind"], failure["details"].get("reason"), failure["category"]) == \
@@ -249,9 +321,7 @@ def test_degraded_link_on_host1_is_a_network_slowdown(bed, degrade_then_cut):
     assert failure["culprit"]["rank"] is None and failure["culprit"]["host"] is None
 
 
-@needs_bed
-def test_link_cut_on_host1_is_nic_link_down_on_host1(bed, degrade_then_cut):
-    run = degrade_then_cut
+def _link_cut_is_nic_link_down_on_node1(bed, run: dict) -> None:
     terminal = [f for f in run["all"] if f["kind"] != "slowdown"]
     assert terminal, bed.report_text()
     (failure,) = terminal
@@ -264,7 +334,16 @@ def test_link_cut_on_host1_is_nic_link_down_on_host1(bed, degrade_then_cut):
 
 
 @needs_bed
-def test_node1_lost_is_node_lost_on_node1(bed):
+def test_degraded_link_on_host1_is_a_network_slowdown(bed, degrade_then_cut):
+    _degraded_link_is_a_network_slowdown(bed, degrade_then_cut)
+
+
+@needs_bed
+def test_link_cut_on_host1_is_nic_link_down_on_host1(bed, degrade_then_cut):
+    _link_cut_is_nic_link_down_on_node1(bed, degrade_then_cut)
+
+
+def _node1_lost_is_node_lost_on_node1(bed) -> None:
     node1 = bed.hosts[1]
     job = bed.launch(2, steps=2000, rdzv_id="mh-nodelost", step_sleep_s=0.2)
     from otel_gpu.testing.multinode import wait_training
@@ -285,6 +364,11 @@ def test_node1_lost_is_node_lost_on_node1(bed):
     assert failure["culprit"]["host"] == "node1" and sorted(failure["details"]["ranks"]) == [2, 3]
     assert seen - t_lost < 15.0
     bed.start_sidecar(node1)  # the node is back for whatever follows
+
+
+@needs_bed
+def test_node1_lost_is_node_lost_on_node1(bed):
+    _node1_lost_is_node_lost_on_node1(bed)
 
 
 @needs_bed
