@@ -324,13 +324,14 @@ def _digest_requests(gen: _Generator, node: int, s: int, first: bool, refresh: b
 
 
 def run_one(n_ranks: int, seconds: int, hang_at: float | None, node_refresh_s: int = 30,
-            ranks_per_request: int = 1, mode: str = "per-rank", jobs: int = 1, profile: bool = False) -> dict:
+            ranks_per_request: int = 1, mode: str = "per-rank", jobs: int = 1, profile: bool = False,
+            nodes_per_request: int = 1) -> dict:
     import logging
 
     import yaml
 
     from otel_gpu.collector.config import load_text
-    from otel_gpu.collector.runtime import Collector
+    from otel_gpu.collector.runtime import Collector, tune_gc_for_service
     from otel_gpu.pdata import Batch, Signal
 
     logging.disable(logging.WARNING)  # the failure record is logged at WARNING; we print it ourselves
@@ -342,6 +343,7 @@ def run_one(n_ranks: int, seconds: int, hang_at: float | None, node_refresh_s: i
               "service": {"pipelines": {"traces": pipe, "metrics": pipe, "logs": pipe}}}
     collector = Collector(load_text(yaml.safe_dump(config)))
     collector.start()
+    tune_gc_for_service()  # as ``otel-gpu collector`` does once its pipelines started
     attribution = collector.component("processor", "attribution")
     goodput = collector.component("processor", "goodput")
     receiver_host = collector.component("receiver", "otlp").host
@@ -366,6 +368,7 @@ def run_one(n_ranks: int, seconds: int, hang_at: float | None, node_refresh_s: i
     records: list = []
     gen_cpu = 0.0
     per_second: list[float] = []  # cumulative aggregator CPU at the end of each simulated second
+    rss_mb: list[int] = []  # RSS at the end of each simulated second
     thread_time = time.thread_time
     from_bytes = Batch.from_bytes
     TR, LG, MT = Signal.TRACES, Signal.LOGS, Signal.METRICS
@@ -378,6 +381,7 @@ def run_one(n_ranks: int, seconds: int, hang_at: float | None, node_refresh_s: i
         profiler.enable()
     cpu0, wall0 = time.process_time(), time.perf_counter()
     work = [(crash_gen, 0)] + [(g, node) for g in gens for node in range(n_nodes)]
+    held: list[bytes] = []  # digests waiting to go as one request (--nodes-per-request)
     mid = len(work) // 2
     for s in range(1, seconds + 1):
         for k, (g, node) in enumerate(work):
@@ -385,7 +389,13 @@ def run_one(n_ranks: int, seconds: int, hang_at: float | None, node_refresh_s: i
             reqs = []
             if digest:
                 digests, own = _digest_requests(g, node, s, s == 1, (s + node) % 30 == 0)
-                reqs += [(LG, raw) for raw in digests + own]
+                reqs += [(LG, raw) for raw in own]
+                # A routing tier's batch processor merges many nodes' digests into one request (concatenated
+                # export requests are one request: protobuf merges repeated fields).
+                held += digests
+                if len(held) >= nodes_per_request or k == len(work) - 1:
+                    reqs.append((LG, b"".join(held)))
+                    held = []
             else:
                 traces: list[bytes] = []
                 logs: list[bytes] = []
@@ -416,6 +426,7 @@ def run_one(n_ranks: int, seconds: int, hang_at: float | None, node_refresh_s: i
         sim[0] = t0 + s
         records += attribution.tick()
         per_second.append(time.process_time() - cpu0 - gen_cpu)
+        rss_mb.append(round(_status_kb("VmRSS") / 1024))
         if s % 5 == 0:
             goodput.report()
     cpu = time.process_time() - cpu0 - gen_cpu
@@ -446,7 +457,8 @@ def run_one(n_ranks: int, seconds: int, hang_at: float | None, node_refresh_s: i
     hang_s = None if not hang or hang_at is None else round(hang[0].detected_time - (t0 + hang_at), 2)
     result = {
         "ranks": n_ranks, "jobs": jobs, "mode": mode, "nodes": n_nodes * jobs, "simulated_s": seconds,
-        "node_refresh_s": node_refresh_s, "ranks_per_request": ranks_per_request, "wall_s": round(wall, 2),
+        "node_refresh_s": node_refresh_s, "ranks_per_request": ranks_per_request,
+        "nodes_per_request": nodes_per_request if mode == "digest" else None, "wall_s": round(wall, 2),
         "cpu_s": round(cpu, 2), "generator_cpu_s": round(gen_cpu, 2),
         "cpu_per_simulated_s": round(cpu / seconds, 3),
         "steady_cpu_per_s": steady,
@@ -456,6 +468,7 @@ def run_one(n_ranks: int, seconds: int, hang_at: float | None, node_refresh_s: i
         "peak_rss_mb": round(_status_kb("VmHWM") / 1024, 1),
         "ru_maxrss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "rss_idle_mb": round(rss_idle_kb / 1024, 1),
+        "rss_mb_by_second": rss_mb,
         "requests_per_simulated_s": round(sum(counts.values()) / seconds),
         **counts,
         "records": [f"{r.job_id} {r.kind.value}/{r.root_cause.value}/rank {r.culprit.rank}" for r in records][:20],
@@ -551,6 +564,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ranks-per-request", type=int, default=1, choices=range(1, RANKS_PER_NODE + 1),
                     metavar=f"1..{RANKS_PER_NODE}",
                     help="ranks of a node merged into one request (1: each rank's own export, as forwarded)")
+    ap.add_argument("--nodes-per-request", type=int, default=1, metavar="K",
+                    help="digest mode: K nodes' digests merged into one request, as a routing tier's batch "
+                         "processor in front of the aggregator does (docs/scale.md); 1: one request per node digest")
     ap.add_argument("--mode", choices=["digest", "per-rank", "both"], default="both",
                     help="what the sidecars send: node digests (compact digests: true), every rank's own records, "
                          "or one run of each per size (default)")
@@ -572,7 +588,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.child:
         print(json.dumps(run_one(args.ranks[0], args.seconds, hang_at, args.node_refresh_s,
-                                 args.ranks_per_request, args.mode, args.jobs, args.profile)))
+                                 args.ranks_per_request, args.mode, args.jobs, args.profile,
+                                 args.nodes_per_request)))
         return 0
     from otel_gpu.processors.attribution import AttributionConfig
 
@@ -584,7 +601,8 @@ def main(argv: list[str] | None = None) -> int:
             cmd = [sys.executable, __file__, "--child", "--ranks", str(n), "--seconds", str(args.seconds),
                    "--hang-at", str(hang_at if hang_at is not None else -1), "--node-refresh-s",
                    str(args.node_refresh_s), "--ranks-per-request", str(args.ranks_per_request), "--mode", mode,
-                   "--jobs", str(args.jobs)] + (["--profile"] if args.profile else [])
+                   "--jobs", str(args.jobs), "--nodes-per-request", str(args.nodes_per_request)] + (
+                       ["--profile"] if args.profile else [])
             out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": "0"})
             if out.returncode != 0:
                 print(out.stderr[-3000:], file=sys.stderr)
@@ -596,7 +614,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.json:
                 print(json.dumps(r), flush=True)
                 continue
-            print(f"{r['ranks']:>6} ranks x {r['jobs']} job(s), {r['mode']} ({r['nodes']} nodes, node metrics every "
+            per_req = f", {r['nodes_per_request']} nodes per request" if r.get("nodes_per_request", 1) != 1 else ""
+            print(f"{r['ranks']:>6} ranks x {r['jobs']} job(s), {r['mode']}{per_req} ({r['nodes']} nodes, node metrics every "
                   f"{r['node_refresh_s']} s), {r['simulated_s']} simulated s: "
                   f"{r['cpu_per_simulated_s']:.3f} CPU s per simulated s (steady {r['steady_cpu_per_s']}, "
                   f"during the hang {r['cpu_per_simulated_s_hang']}), peak RSS {r['peak_rss_mb']:.0f} MB "

@@ -42,7 +42,7 @@ class _JsonFormatter(logging.Formatter):
 
 def cmd_collector(args: argparse.Namespace) -> int:
     from otel_gpu.collector.config import load_default, load_file
-    from otel_gpu.collector.runtime import Collector, StartError
+    from otel_gpu.collector.runtime import Collector, StartError, tune_gc_for_service
     from otel_gpu.config import ConfigError
 
     _setup_logging()
@@ -67,6 +67,7 @@ def cmd_collector(args: argparse.Namespace) -> int:
     except StartError as exc:
         print(f"otel-gpu collector: {exc}", file=sys.stderr)
         return 1
+    tune_gc_for_service()
     stop = threading.Event()
 
     def _on_signal(signum, _frame):

@@ -52,8 +52,7 @@ _GPU_KEYS = frozenset((I.GPU_INDEX, I.HW_ID))
 _GPU_WANTED = {G.CLOCK_EVENT_ACTIVE.name: _GPU_KEYS | {G.CLOCK_EVENT_REASON},
                G.ECC_ERRORS.name: _GPU_KEYS | {G.ERROR_TYPE, G.ECC_COUNTER},
                G.PROCESS_MEMORY.name: _GPU_KEYS | {I.PROCESS_PID}}
-_NIC_COUNTER_KEYS = frozenset((G.ERROR_TYPE, N.COUNTER))
-_NIC_PORT_KEYS = frozenset((N.DEVICE, N.PORT))
+_NIC_KEYS = frozenset((N.DEVICE, N.PORT, G.ERROR_TYPE, N.COUNTER))
 
 
 class _Layouts:
@@ -112,7 +111,7 @@ class _Layouts:
         return out
 
 
-_ALL_WANTED = frozenset().union(_GPU_KEYS, *_GPU_WANTED.values(), _NIC_COUNTER_KEYS, _NIC_PORT_KEYS)
+_ALL_WANTED = frozenset().union(_GPU_KEYS, *_GPU_WANTED.values(), _NIC_KEYS)
 
 
 def _int(v: Any) -> int | None:
@@ -402,12 +401,17 @@ class Decoder:
             return
         pick, wanted = self._layouts.pick, _GPU_WANTED.get(name, _GPU_KEYS)
         clock = name == G.CLOCK_EVENT_ACTIVE.name
+        no_gpu = -1  # an attribute count whose points name no GPU (a NIC's hw.errors points)
         for p in number_points(m):
+            kvs = p.attributes
+            if len(kvs) == no_gpu:
+                continue
             value = point_value(p)
             # An inactive clock-event reason says only that its GPU reports: its index is all that is read.
-            attrs = pick(name, "gpu", p.attributes, _GPU_KEYS if clock and value < 1 else wanted, I.GPU_INDEX)
+            attrs = pick(name, "gpu", kvs, _GPU_KEYS if clock and value < 1 else wanted, I.GPU_INDEX)
             index = attrs.get(I.GPU_INDEX)
             if index is None:
+                no_gpu = len(kvs)
                 continue
             key = str(index)
             t = _seconds(p.time_unix_nano) or self._clock()
@@ -434,13 +438,12 @@ class Decoder:
         name, pick = m.name, self._layouts.pick
         up = name in _NIC_UP
         for p in number_points(m):
+            attrs = pick(name, "nic", p.attributes, _NIC_KEYS)
             counter = None
             if not up:
-                named = pick(name, "nic-counter", p.attributes, _NIC_COUNTER_KEYS)
-                counter = named.get(G.ERROR_TYPE) or named.get(N.COUNTER)
+                counter = attrs.get(G.ERROR_TYPE) or attrs.get(N.COUNTER)
                 if not counter or str(counter) not in NIC_READ_COUNTERS:
                     continue  # a counter no rule reads (_evidence keeps only those), or a GPU's
-            attrs = pick(name, "nic", p.attributes, _NIC_PORT_KEYS)
             device = attrs.get(N.DEVICE)
             if device is None:
                 continue

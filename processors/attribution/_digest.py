@@ -167,9 +167,11 @@ def observe_digest(engine: Engine, res: dict[str, Any], body: dict[str, Any], no
     an :class:`Identity` from resource attributes (the processor's). Raises on a body of the wrong shape (the
     processor skips that record)."""
     host = str(body.get("host") or res.get("host.name") or "")
-    ranks = [int(n) for n in body.get("ranks") or []]
+    ranks = body.get("ranks") or []
+    if not all(type(n) is int for n in ranks):
+        ranks = [int(n) for n in ranks]
     who_map = body.get("who") or {}
-    base = {k: v for k, v in res.items() if k in ("training.job.id", "host.name")}
+    base = {k: res[k] for k in ("training.job.id", "host.name") if k in res}
     # Identities first: a higher restart count is a new incarnation (the engine clears the job's ranks).
     fresh_ids: dict[int, Identity] = {}
     for key, attrs in who_map.items():
@@ -254,7 +256,7 @@ def observe_digest(engine: Engine, res: dict[str, Any], body: dict[str, Any], no
         node.ranks.discard(int(n))
     if not ranks and not node.ranks:
         dj.uncount(node)  # every rank of the node exited: the job's steps no longer wait for it
-    if set(ranks) != node.ranks:
+    if len(ranks) != len(node.ranks) or not node.ranks.issuperset(ranks):
         node.ranks.update(ranks)
         for n in ranks:
             dj.rank_node.setdefault(n, host)
