@@ -221,6 +221,44 @@ def test_compact_forwards_unchanged_node_metrics_only_on_refresh():
     assert compact.stats["metrics"]["unchanged"] == 2 + 2 + 1 + 1
 
 
+def test_compact_forwards_the_nic_counters_the_aggregator_reads_and_a_creeping_other_one_changes_nothing():
+    """A busy InfiniBand port's congestion counter (port_xmit_wait) climbs every poll. It is no evidence for any
+    processor at the aggregator; forwarded, it made the port's whole hw.errors metric "changed" every second."""
+    from otel_gpu.component import ComponentHost
+    from otel_gpu.collector.telemetry import PrometheusSelfTelemetry
+    from otel_gpu.config import build
+    from otel_gpu.processors.attribution._evidence import NIC_READ_COUNTERS
+    from otel_gpu.processors.compact import CompactConfig, CompactProcessor
+    from otel_gpu.processors.compact.config import DEFAULT_NIC_COUNTERS
+    from otel_gpu.processors.health.processor import _FLAPS, _NIC_ERROR_COUNTERS
+
+    assert set(DEFAULT_NIC_COUNTERS) >= NIC_READ_COUNTERS | _NIC_ERROR_COUNTERS | {_FLAPS}
+    compact = CompactProcessor(build(CompactConfig, {"job_id": JOB, "batch_interval": "0s"}, "processors.compact"),
+                               ComponentHost("compact", PrometheusSelfTelemetry()))
+    clock = [1000.0]
+    compact._clock = lambda: clock[0]
+    port = attributes({"hw.name": "mlx5_0", "nic.port": 1, "nic.kind": "infiniband"})
+
+    def poll(wait: int, symbol: int, ecc: int = 0) -> list[tuple[str, int]]:
+        mb = MetricsBuilder({"host.name": "node-a"}, scope="otel_gpu.receivers.nic")
+        mb.record(G.HW_ERRORS, wait, port, {"error.type": "port_xmit_wait"})
+        mb.record(G.HW_ERRORS, symbol, port, {"error.type": "symbol_error"})
+        mb.record(G.HW_ERRORS, ecc, attributes({"gpu.index": 0}), {"error.type": "uncorrected"})
+        out = compact.process(Batch.from_message(Signal.METRICS, mb.build()))
+        clock[0] += 1.0
+        if out is None:
+            return []
+        return sorted((dict((kv.key, kv.value.string_value) for kv in p.attributes)["error.type"], p.as_int)
+                      for rm in out.message.resource_metrics for sm in rm.scope_metrics for m in sm.metrics
+                      for p in m.sum.data_points)
+
+    assert poll(10_000, 0) == [("symbol_error", 0), ("uncorrected", 0)]  # first sight, without the congestion
+    assert poll(25_000, 0) == []  # only port_xmit_wait climbed: nothing changed for the aggregator
+    assert poll(40_000, 7) == [("symbol_error", 7), ("uncorrected", 0)]  # a counter the rules read rose
+    assert poll(55_000, 7, ecc=1) == [("symbol_error", 7), ("uncorrected", 1)]  # the GPU's points always go
+    assert compact.stats["metrics"]["nic_counters_dropped"] == 4
+
+
 def test_compact_merges_the_ranks_of_a_node_into_one_request(capture_exporter):
     pipe = {"receivers": ["otlp"], "processors": ["compact"], "exporters": ["capture"]}
     config = {"receivers": {"otlp": {"grpc": {"endpoint": "127.0.0.1:0"}, "http": None}},

@@ -15,7 +15,7 @@ from otel_gpu.schema import health as H
 from otel_gpu.schema import nic as N
 from otel_gpu.schema import training as T
 
-__all__ = ["CompactConfig", "DEFAULT_EVENTS", "DEFAULT_METRICS", "DEFAULT_SPANS"]
+__all__ = ["CompactConfig", "DEFAULT_EVENTS", "DEFAULT_METRICS", "DEFAULT_NIC_COUNTERS", "DEFAULT_SPANS"]
 
 #: What cross-rank attribution and goodput read from logs: heartbeats, stacks, exceptions, signals, exits, XIDs;
 #: the health processor's device state changes (rare), so that the aggregator's store keeps the node's verdicts; and
@@ -31,6 +31,15 @@ DEFAULT_SPANS = (T.STEP_SPAN.name, T.DATA_SPAN.name, T.CKPT_SAVE_SPAN.name, T.CK
 DEFAULT_METRICS = (G.XID_ERRORS.name, G.HW_ERRORS.name, G.REMAP_FAILURE.name, G.NVLINK_ERRORS.name,
                    G.PCIE_REPLAY.name, G.CLOCK_EVENT_ACTIVE.name, G.PROCESS_MEMORY.name, N.UP.name,
                    T.STEP_DURATION.name)
+
+#: The NIC error counters (hw.errors points of a port) the aggregator's processors read: attribution's link and error
+#: rules and the health processor's port trends. A port reports two dozen; the others (congestion waits, discards,
+#: VL15 drops, ...) climb on a busy fabric every poll, which made the whole metric "changed" and forwarded every
+#: second to be decoded again at the aggregator. tests/test_compact.py checks this covers what both processors read.
+DEFAULT_NIC_COUNTERS = ("link_downed", "symbol_error", "link_error_recovery", "port_rcv_errors",
+                        "local_link_integrity_errors", "port_rcv_remote_physical_errors",
+                        "excessive_buffer_overrun_errors", "rx_errors", "tx_errors", "rx_crc_errors", "rx_frame_errors",
+                        "tx_carrier_errors")
 
 
 @dataclass
@@ -48,6 +57,8 @@ class CompactConfig:
             forwarded again only after this long. Healthy GPUs and links report the same counters, flags and states
             every poll; the aggregator needs the changes (a counter rising, a throttle flag, a link going down) and a
             periodic refresh. 0: forward every poll.
+        nic_counters: the NIC error counters (``error.type`` of a port's hw.errors points) forwarded; a port's other
+            counters stay on the node's backend path. Empty: every counter.
         identity_only_metrics: metrics whose values do not matter to the aggregator, only which points exist (the
             per-process GPU memory maps processes to GPUs): a new value alone is not a change.
         batch_interval_s: what is kept is merged into one request per signal and sent at most this often (or when
@@ -68,6 +79,7 @@ class CompactConfig:
     spans: list[str] = field(default_factory=lambda: list(DEFAULT_SPANS))
     metrics: list[str] = field(default_factory=lambda: list(DEFAULT_METRICS))
     metrics_refresh_s: float = 30.0
+    nic_counters: list[str] = field(default_factory=lambda: list(DEFAULT_NIC_COUNTERS))
     identity_only_metrics: list[str] = field(default_factory=lambda: [G.PROCESS_MEMORY.name])
     batch_interval_s: float = 1.0
     batch_max_items: int = 2000

@@ -26,6 +26,7 @@ from otel_gpu.component import Processor
 from otel_gpu.otlp_build import LogsBuilder
 from otel_gpu.pdata import Batch, Signal, attribute, attributes_dict, body_object, data_points
 from otel_gpu.processors.compact._digest import NodeDigests
+from otel_gpu.schema import gpu as G
 from otel_gpu.schema import identity as I
 from otel_gpu.schema import training as T
 
@@ -34,6 +35,7 @@ __all__ = ["CompactProcessor"]
 _logger = logging.getLogger(__name__)
 
 _JOB = I.JOB_ID
+_GPU_INDEX, _ERROR_TYPE, _HW_ERRORS = I.GPU_INDEX, G.ERROR_TYPE, G.HW_ERRORS.name
 _MAX_SERIES = 20_000  # metric series remembered for change detection (a node has a few dozen)
 # signal -> (resource list, scope list, item list, the item's name field)
 _SHAPE = {signal: (*signal.fields, "event_name" if signal is Signal.LOGS else "name") for signal in Signal}
@@ -57,6 +59,7 @@ class CompactProcessor(Processor):
 
     def __init__(self, config, host):
         super().__init__(config, host)
+        self._nic_counters = frozenset(config.nic_counters)
         self._keep = {Signal.TRACES: frozenset(config.spans), Signal.LOGS: frozenset(config.events),
                       Signal.METRICS: frozenset(config.metrics)}
         self._lock = threading.Lock()
@@ -70,7 +73,8 @@ class CompactProcessor(Processor):
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.stats: dict[str, dict[str, int]] = {
-            s.value: {"kept": 0, "filtered": 0, "unchanged": 0, "unassigned": 0} for s in Signal}
+            s.value: {"kept": 0, "filtered": 0, "unchanged": 0, "unassigned": 0, "nic_counters_dropped": 0}
+            for s in Signal}
         self._wall = time.time
         #: node digests (config.digests): heartbeats and step spans of this node's ranks, summarised per interval
         self.digests: NodeDigests | None = NodeDigests(
@@ -228,6 +232,11 @@ class CompactProcessor(Processor):
                 if len(kept) != len(items):
                     changed = True
                     stats["filtered"] += len(items) - len(kept)
+                if signal is Signal.METRICS and self._nic_counters:
+                    trimmed = [self._trim_nic(m) if m.name == _HW_ERRORS else m for m in kept]
+                    if any(a is not b for a, b in zip(trimmed, kept)):
+                        changed = True
+                        kept = [m for m in trimmed if len(data_points(m))]
                 if res_dedupe and kept:
                     fresh = [m for m in kept if self._metric_changed((res_key, scope.scope.name, m.name), m, now)]
                     if len(fresh) != len(kept):
@@ -285,6 +294,21 @@ class CompactProcessor(Processor):
             return batch
         return self._enqueue(batch, sum(len(k) for _, jobs, scopes in plan for _, k in scopes))
 
+    def _trim_nic(self, metric):
+        """``metric`` (hw.errors) without the points of NIC counters not in ``nic_counters``; itself when none is
+        dropped. A GPU's points (they carry gpu.index) always stay."""
+        points = data_points(metric)
+        keep = [p for p in points if _counter_kept(p, self._nic_counters)]
+        if len(keep) == len(points):
+            return metric
+        out = metrics_pb2.Metric()
+        out.CopyFrom(metric)
+        kept_points = data_points(out)
+        del kept_points[:]
+        kept_points.extend(keep)
+        self.stats[Signal.METRICS.value]["nic_counters_dropped"] += len(points) - len(keep)
+        return out
+
     def _metric_changed(self, key: tuple, metric, now: float) -> bool:
         """True when the metric's points differ from what was last forwarded, or the refresh time has come."""
         fp = metrics_pb2.Metric()
@@ -320,6 +344,17 @@ class CompactProcessor(Processor):
                 if job is not None and job not in found:
                     found.append(job)
         return found[:1]
+
+
+def _counter_kept(point, counters: frozenset[str]) -> bool:
+    """A hw.errors point is forwarded unless it is a NIC counter (no gpu.index) outside ``counters``."""
+    counter = None
+    for kv in point.attributes:
+        if kv.key == _GPU_INDEX:
+            return True
+        if kv.key == _ERROR_TYPE:
+            counter = kv.value.string_value
+    return counter is None or counter in counters
 
 
 def _float(v: Any) -> float | None:
