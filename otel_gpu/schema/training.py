@@ -99,9 +99,10 @@ NODE_DIGEST_EVENT = event("otel_gpu.node.digest", "A node sidecar's summary of i
                                "gpu_uuid, world_size, restart_count, net_ifaces, started}}, groups: [{ranks, fresh, "
                                "step, state, inflight, last_seq, last_started_seq, stack_top, stalled_s, "
                                "steps_done}], pg: {pg: {completed: [min, max], started: [min, max], inflight: [min, "
-                               "max] | null, behind: [rank]}}, steps: [[rank, step, start, end, collective_s, data_s, "
-                               "checkpoint_s]], step_s: [min, median, max] | null, stalled: {rank, s} | null, "
-                               "changed: [rank], gone: [rank]}")
+                               "max] | null, behind: [rank]}}, step_rows: [[step, ranks, start, end, duration, data_s, "
+                               "checkpoint_s, data_growth_min, collective_floor_min, [[rank, compute_growth, "
+                               "data_growth]]]], step_s: [min, median, max] | null, stalled: {rank, s} | null, "
+                               "changed: [rank], gone: [rank]} (v 2; step_rows: processors/compact/_digest.py)")
 EXCEPTION_EVENT = event("otel_gpu.exception", "An uncaught exception in a training process (main or other thread).",
                         group=_G, attributes=(EXC_TYPE, EXC_MESSAGE, EXC_STACK, EXC_HINT, THREAD_NAME, STEP))
 SIGNAL_EVENT = event("otel_gpu.signal", "A training process received SIGTERM/SIGINT (and was flushed).", group=_G,

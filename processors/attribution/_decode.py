@@ -419,10 +419,10 @@ class Decoder:
             if sample is None:
                 sample = gpus[key] = GpuSample(host, key, t, uuid=attrs.get(I.HW_ID))
             if clock:
-                active = set(sample.clock_events or ())
+                if sample.clock_events is None:
+                    sample.clock_events = frozenset()
                 if value >= 1:
-                    active.add(str(attrs.get(G.CLOCK_EVENT_REASON)))
-                sample.clock_events = frozenset(active)
+                    sample.clock_events = sample.clock_events | {str(attrs.get(G.CLOCK_EVENT_REASON))}
             elif name == G.ECC_ERRORS.name:
                 if attrs.get(G.ERROR_TYPE) == "uncorrected" and attrs.get(G.ECC_COUNTER) != "aggregate":
                     sample.counters["ecc_uncorrected"] = sample.counters.get("ecc_uncorrected", 0.0) + value
