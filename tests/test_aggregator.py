@@ -221,6 +221,39 @@ def test_compact_forwards_unchanged_node_metrics_only_on_refresh():
     assert compact.stats["metrics"]["unchanged"] == 2 + 2 + 1 + 1
 
 
+def test_compact_forwards_node_metrics_at_once_when_a_new_job_comes_to_the_node():
+    """The node's metrics went to job A's aggregator; job B starts on the node: its aggregator must learn the
+    node's devices at the next poll, not at the next refresh (up to metrics_refresh_s later)."""
+    from otel_gpu.component import ComponentHost
+    from otel_gpu.collector.telemetry import PrometheusSelfTelemetry
+    from otel_gpu.config import build
+    from otel_gpu.processors.compact import CompactConfig, CompactProcessor
+
+    compact = CompactProcessor(build(CompactConfig, {"metrics_refresh": "30s", "batch_interval": "0s"},
+                                     "processors.compact"), ComponentHost("compact", PrometheusSelfTelemetry()))
+    clock = [1000.0]
+    compact._clock = lambda: clock[0]
+
+    def rank_of(job: str) -> None:
+        lb = LogsBuilder({"training.job.id": job, "training.rank": 0})
+        lb.event(T.PROGRESS_EVENT, {"step": 1})
+        compact.process(Batch.from_message(Signal.LOGS, lb.build()))
+
+    def poll() -> list[str]:
+        mb = MetricsBuilder({"host.name": "node-a"}, scope="otel_gpu.receivers.nvml")
+        mb.record(G.XID_ERRORS, 0, attributes({"gpu.index": 0}))
+        out = compact.process(Batch.from_message(Signal.METRICS, mb.build()))
+        clock[0] += 1.0
+        return [] if out is None else sorted(kv.value.string_value for rm in out.message.resource_metrics
+                                             for kv in rm.resource.attributes if kv.key == "training.job.id")
+
+    rank_of("job-a")
+    assert poll() == ["job-a"] and poll() == []  # first sight, then held back as unchanged
+    rank_of("job-b")
+    assert poll() == ["job-a", "job-b"]  # at once, for both jobs on the node
+    assert poll() == []
+
+
 def test_compact_forwards_the_nic_counters_the_aggregator_reads_and_a_creeping_other_one_changes_nothing():
     """A busy InfiniBand port's congestion counter (port_xmit_wait) climbs every poll. It is no evidence for any
     processor at the aggregator; forwarded, it made the port's whole hw.errors metric "changed" every second."""

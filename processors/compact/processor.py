@@ -194,8 +194,12 @@ class CompactProcessor(Processor):
 
     def _learn(self, job: str, now: float) -> None:
         with self._lock:
-            if job not in self._jobs and len(self._jobs) >= 64:  # bounded: a node runs a handful of jobs at most
-                del self._jobs[min(self._jobs, key=self._jobs.__getitem__)]
+            if job not in self._jobs:
+                if len(self._jobs) >= 64:  # bounded: a node runs a handful of jobs at most
+                    del self._jobs[min(self._jobs, key=self._jobs.__getitem__)]
+                # A job new on this node: its aggregator knows nothing of the node's devices yet, so every node
+                # metric goes at its next poll rather than at its next refresh (up to metrics_refresh_s later).
+                self._sent.clear()
             self._jobs[job] = now
 
     def process(self, batch: Batch) -> Batch | None:
