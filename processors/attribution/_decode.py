@@ -357,12 +357,12 @@ class Decoder:
             host = None
             gpus: dict[str, GpuSample] = {}
             ports: dict[str, NicSample] = {}
-            res_key = rm.resource.SerializeToString()
+            res_key = hash(rm.resource.SerializeToString())  # an int: the memo keeps one per node
             seen_at = None  # an unchanged metric's time: its node's devices were seen then (_metric_memo)
             for sm in rm.scope_metrics:
                 # The scope is in the key: a sidecar's nvml and nic receivers share a resource, and each sends a
                 # hw.errors metric (the GPUs', the ports'), which would otherwise displace the other every poll.
-                memo_key = res_key + b"\0" + sm.scope.name.encode()
+                memo_key = hash((res_key, sm.scope.name))  # an int: 16,384 nodes x 7 metrics of keys
                 for m in sm.metrics:
                     name = m.name
                     gpu = name.startswith("gpu.") or name in (G.ECC_ERRORS.name,)

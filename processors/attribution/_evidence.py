@@ -204,6 +204,32 @@ class Series:
         return total, first
 
 
+_FLAT: dict[tuple[float, float], Series] = {}  # (first time, value) -> one series shared by every counter at it
+_FLAT_MAX = 4096
+
+
+def _record(counters: dict, name: str, t: float, v: float) -> bool:
+    """Adds a sample to ``counters[name]``; True when the value changed.
+
+    A counter seen for the first time shares one :class:`Series` with every other counter first seen at the same
+    time with the same value (a node's ~100 counters, nearly all 0, arrive in one poll), until its value changes:
+    then it gets a series of its own. At 16,384 nodes a series per counter was most of the aggregator's memory."""
+    series = counters.get(name)
+    if series is None:
+        key = (t, 0.0 if v == 0 else v)
+        series = _FLAT.get(key)
+        if series is None:
+            if len(_FLAT) >= _FLAT_MAX:
+                _FLAT.clear()
+            series = _FLAT[key] = Series()
+            series.add(t, v)
+        counters[name] = series
+        return True
+    if type(series.points) is tuple and series.points[-1][1] != v:  # shared (or never changed): its own now
+        series = counters[name] = Series(list(series.points), series.first_time)
+    return series.add(t, v)
+
+
 @dataclass(slots=True)
 class GpuState:
     host: str
@@ -279,10 +305,7 @@ class DeviceEvidence:
         if sample.clock_events is not None:
             gpu.clock_sampled = True
         for name, value in sample.counters.items():
-            series = gpu.counters.get(name)
-            if series is None:
-                series = gpu.counters[name] = Series()
-            if series.add(sample.time, value):
+            if _record(gpu.counters, name, sample.time, value):
                 self.version += 1
         if sample.pids:
             gpu.pids = sample.pids
@@ -312,10 +335,7 @@ class DeviceEvidence:
             port.up = sample.up
         for name, value in sample.counters.items():
             if name in NIC_READ_COUNTERS:  # only the counters the rules read are kept (memory at scale)
-                series = port.counters.get(name)
-                if series is None:
-                    series = port.counters[name] = Series()
-                if series.add(sample.time, value):
+                if _record(port.counters, name, sample.time, value):
                     self.version += 1
 
     def evict(self, horizon: float) -> None:

@@ -12,13 +12,13 @@ Example:
     >>> from opentelemetry.proto.metrics.v1 import metrics_pb2
     >>> memo, m = MetricMemo(), metrics_pb2.Metric(name="gpu.xid.errors")
     >>> p = m.sum.data_points.add(as_int=0, time_unix_nano=10**9)
-    >>> memo.unchanged(b"node-1", m), memo.unchanged(b"node-1", m)
+    >>> memo.unchanged(1, m), memo.unchanged(1, m)
     (None, 1.0)
     >>> p.time_unix_nano = 2 * 10**9  # the next poll: only the time differs
-    >>> memo.unchanged(b"node-1", m)
+    >>> memo.unchanged(1, m)
     2.0
     >>> p.as_int = 1  # a counter rose
-    >>> memo.unchanged(b"node-1", m) is None
+    >>> memo.unchanged(1, m) is None
     True
 """
 from __future__ import annotations
@@ -35,10 +35,10 @@ class MetricMemo:
     """Per (resource, metric name): a fingerprint of the last points decoded, and the devices the resource names."""
 
     def __init__(self) -> None:
-        self._seen: dict[tuple[bytes, str], int] = {}
-        self._devices: dict[bytes, tuple[frozenset[str], frozenset[str]]] = {}
+        self._seen: dict[tuple[int, str], int] = {}
+        self._devices: dict[int, tuple[frozenset[str], frozenset[str]]] = {}
 
-    def unchanged(self, resource_key: bytes, metric) -> float | None:
+    def unchanged(self, resource_key: int, metric) -> float | None:
         """The metric's first point time (seconds; 0.0 when it has none) when its points are as last time; None
         otherwise (and it is remembered as the last)."""
         points = data_points(metric)
@@ -61,11 +61,11 @@ class MetricMemo:
         self._seen[key] = fingerprint
         return None
 
-    def devices(self, resource_key: bytes) -> tuple[frozenset[str], frozenset[str]]:
+    def devices(self, resource_key: int) -> tuple[frozenset[str], frozenset[str]]:
         """(GPU keys, port keys) the resource's metrics named so far."""
         return self._devices.get(resource_key, (frozenset(), frozenset()))
 
-    def learn(self, resource_key: bytes, gpus, ports) -> None:
+    def learn(self, resource_key: int, gpus, ports) -> None:
         known = self._devices.get(resource_key)
         if known is None or not known[0].issuperset(gpus) or not known[1].issuperset(ports):
             if known is None and len(self._devices) >= _MAX:
