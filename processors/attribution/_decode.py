@@ -53,6 +53,7 @@ _GPU_WANTED = {G.CLOCK_EVENT_ACTIVE.name: _GPU_KEYS | {G.CLOCK_EVENT_REASON},
                G.ECC_ERRORS.name: _GPU_KEYS | {G.ERROR_TYPE, G.ECC_COUNTER},
                G.PROCESS_MEMORY.name: _GPU_KEYS | {I.PROCESS_PID}}
 _NIC_KEYS = frozenset((N.DEVICE, N.PORT, G.ERROR_TYPE, N.COUNTER))
+_NIC_NAMES = {name: name for name in NIC_READ_COUNTERS}
 
 
 class _Layouts:
@@ -441,9 +442,11 @@ class Decoder:
             attrs = pick(name, "nic", p.attributes, _NIC_KEYS)
             counter = None
             if not up:
-                counter = attrs.get(G.ERROR_TYPE) or attrs.get(N.COUNTER)
-                if not counter or str(counter) not in NIC_READ_COUNTERS:
-                    continue  # a counter no rule reads (_evidence keeps only those), or a GPU's
+                # the one copy of its name (every port's series are keyed by it): a counter no rule reads
+                # (_evidence keeps only those) or a GPU's point is skipped
+                counter = _NIC_NAMES.get(str(attrs.get(G.ERROR_TYPE) or attrs.get(N.COUNTER)))
+                if counter is None:
+                    continue
             device = attrs.get(N.DEVICE)
             if device is None:
                 continue
@@ -456,7 +459,7 @@ class Decoder:
             if up:
                 sample.up = point_value(p) >= 1
             else:
-                sample.counters[str(counter)] = point_value(p)
+                sample.counters[counter] = point_value(p)
 
     def spans(self, request: ExportTraceServiceRequest, now: float) -> bool:
         """Feeds step, data and checkpoint spans to the engine. Collective spans are only counted per step (their
