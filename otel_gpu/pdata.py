@@ -51,7 +51,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
 __all__ = ["Batch", "Signal", "MalformedBatch", "any_value", "attribute", "attributes", "attributes_dict",
-           "body_object", "shared_body", "count_items", "data_points", "event_name", "from_json", "iter_points", "log_records",
+           "body_object", "count_items", "data_points", "event_name", "from_json", "iter_points", "log_records",
            "metrics", "number_points", "point_value", "set_any", "spans", "to_json", "to_python"]
 
 
@@ -105,13 +105,14 @@ def count_items(signal: Signal, message: Any) -> int:
 class Batch:
     """One OTLP export request of one signal, with its wire bytes cached while it is unchanged."""
 
-    __slots__ = ("signal", "_raw", "_message", "_items")
+    __slots__ = ("signal", "_raw", "_message", "_items", "_bodies")
 
     def __init__(self, signal: Signal, raw: bytes | None, message: Any | None):
         self.signal = signal
         self._raw = raw
         self._message = message
         self._items: int | None = None
+        self._bodies: dict[tuple[int, int, int], dict[str, Any] | None] | None = None
 
     @classmethod
     def from_bytes(cls, signal: Signal, raw: bytes) -> Batch:
@@ -154,7 +155,27 @@ class Batch:
         message = self.message
         self._raw = None
         self._items = None
+        self._bodies = None
         return message
+
+    def body(self, position: tuple[int, int, int], record: Any) -> dict[str, Any] | None:
+        """:func:`body_object` of the log record at ``position`` (resource, scope and record index), decoded once
+        for every processor of the pipeline that reads it (a node digest: attribution, then goodput). The dict is
+        shared: read only.
+
+        >>> from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord
+        >>> b, r = Batch.from_message(Signal.LOGS, None), LogRecord(body=any_value('{"step": 7}'))
+        >>> b.body((0, 0, 0), r) is b.body((0, 0, 0), r), b.body((0, 0, 0), r)
+        (True, {'step': 7})
+        """
+        bodies = self._bodies
+        if bodies is None:
+            bodies = self._bodies = {}
+        try:
+            return bodies[position]
+        except KeyError:
+            out = bodies[position] = body_object(record)
+            return out
 
     def to_bytes(self) -> bytes:
         if self._raw is None:
@@ -299,36 +320,6 @@ def body_object(record: Any) -> dict[str, Any] | None:
     if kind == "kvlist_value":
         return to_python(record.body, json_safe=True)
     return None
-
-
-_SHARED: dict[str, dict[str, Any] | None] = {}
-_SHARED_MAX = 4096  # bodies remembered (a batch's worth); cleared when full
-_SHARED_TEXT_MAX = 64 * 1024
-
-
-def shared_body(record: Any) -> dict[str, Any] | None:
-    """:func:`body_object` for readers that never change what it returns: the processors of one pipeline that read
-    the same record (a node digest: attribution, then goodput) decode its JSON once. The dict is shared: read only.
-
-    >>> from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord
-    >>> r = LogRecord(body=any_value('{"step": 7}'))
-    >>> shared_body(r) is shared_body(r), shared_body(r)
-    (True, {'step': 7})
-    """
-    if record.body.WhichOneof("value") != "string_value":
-        return body_object(record)
-    text = record.body.string_value
-    if len(text) > _SHARED_TEXT_MAX:
-        return body_object(record)
-    try:
-        return _SHARED[text]
-    except KeyError:
-        pass
-    out = body_object(record)
-    if len(_SHARED) >= _SHARED_MAX:
-        _SHARED.clear()
-    _SHARED[text] = out
-    return out
 
 
 # -- walking requests --------------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from otel_gpu.component import ComponentHost
-from otel_gpu.pdata import attributes_dict, body_object, number_points, point_value, shared_body, to_python
+from otel_gpu.pdata import Batch, attributes_dict, body_object, number_points, point_value, to_python
 from otel_gpu.processors.attribution import _digest
 from otel_gpu.processors.attribution._engine import Engine
 from otel_gpu.processors.attribution.config import AttributionConfig
@@ -257,11 +257,12 @@ class Decoder:
                 self._views[key] = view
         return view
 
-    def logs(self, request: ExportLogsServiceRequest, now: float) -> None:
-        for rl in request.resource_logs:
+    def logs(self, request: ExportLogsServiceRequest, now: float, batch: Batch | None = None) -> None:
+        """``batch``: the request's Batch, whose decoded record bodies the next processors share (node digests)."""
+        for i, rl in enumerate(request.resource_logs):
             view = None
-            for sl in rl.scope_logs:
-                for record in sl.log_records:
+            for j, sl in enumerate(rl.scope_logs):
+                for k, record in enumerate(sl.log_records):
                     name = record.event_name
                     if not name:
                         continue
@@ -271,7 +272,7 @@ class Decoder:
                     elif name == _DIGEST:
                         view = view if view is not None else self.view(rl.resource)
                         try:
-                            body = shared_body(record)
+                            body = batch.body((i, j, k), record) if batch is not None else body_object(record)
                             if isinstance(body, dict):
                                 _digest.observe_digest(self.engine, view.attrs, body, now, _identity)
                         except (TypeError, ValueError, AttributeError, OverflowError, RecursionError, KeyError,

@@ -95,7 +95,7 @@ class AttributionProcessor(Processor):
         now = self._clock()
         with self._lock:
             if batch.signal is Signal.LOGS:
-                self.decoder.logs(batch.message, now)
+                self.decoder.logs(batch.message, now, batch)
             elif batch.signal is Signal.METRICS:
                 self.decoder.metrics(batch.message, now)
             else:

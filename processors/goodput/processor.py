@@ -17,7 +17,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 
 from otel_gpu.component import Processor
 from otel_gpu.otlp_build import LogsBuilder, MetricsBuilder, merge
-from otel_gpu.pdata import Batch, Signal, attribute, attributes_dict, body_object, shared_body
+from otel_gpu.pdata import Batch, Signal, attribute, attributes_dict, body_object
 from otel_gpu.processors.goodput._ledger import JobLedger
 from otel_gpu.schema import collector as C
 from otel_gpu.schema import failure as F
@@ -132,7 +132,7 @@ class GoodputProcessor(Processor):
             if batch.signal is Signal.TRACES:
                 self._spans(msg)
             elif batch.signal is Signal.LOGS:
-                self._logs(msg)
+                self._logs(msg, batch)
             else:
                 for rm in msg.resource_metrics:
                     job, restarts = _job_of(rm.resource)
@@ -176,14 +176,14 @@ class GoodputProcessor(Processor):
         if refused:
             self._out_of_window(refused, "span times")
 
-    def _logs(self, msg) -> None:
+    def _logs(self, msg, batch: Batch) -> None:
         now = time.time()
         lo, hi = self._window(now)
         refused = replaced = 0
-        for rl in msg.resource_logs:
+        for i, rl in enumerate(msg.resource_logs):
             job, restarts = _job_of(rl.resource)
-            for sl in rl.scope_logs:
-                for record in sl.log_records:
+            for j, sl in enumerate(rl.scope_logs):
+                for k, record in enumerate(sl.log_records):
                     t = (record.time_unix_nano or record.observed_time_unix_nano) / 1e9 or now
                     if not lo <= t <= hi:
                         if record.event_name != F.FAILURE_EVENT.name:
@@ -208,7 +208,7 @@ class GoodputProcessor(Processor):
                                            failure_id=str(fid) if fid else None,
                                            withdrawn=body.get("withdrawn") is True)
                     elif job is not None and record.event_name == _DIGEST:
-                        self._digest(job, restarts, record, t)
+                        self._digest(job, restarts, batch.body((i, j, k), record), t)
                     elif job is not None and record.event_name:
                         self._ledger(job, t, restarts)
         if refused:
@@ -216,11 +216,10 @@ class GoodputProcessor(Processor):
         if replaced:
             self._out_of_window(replaced, "failure times")
 
-    def _digest(self, job: str, restarts: int, record, t: float) -> None:
+    def _digest(self, job: str, restarts: int, body: dict | None, t: float) -> None:
         """A node digest (compact processor, digests on): its step rows count as the ranks' step spans would (one
         rank's step counts for the job; a row carries its node's lowest rank's start, end, data and checkpoint
         seconds)."""
-        body = shared_body(record)
         rows = body.get("step_rows") if isinstance(body, dict) else None
         ledger = self._ledger(job, t, restarts)
         if not isinstance(rows, list):
