@@ -196,6 +196,56 @@ def test_a_digest_holds_back_a_waiter_stacks_and_forgets_a_rank_that_exited():
     assert body["ranks"] == [] and body["gone"] == [2]
 
 
+def test_a_step_row_waits_for_the_node_ranks_then_goes_with_those_that_reported():
+    clock = [100.0]
+    d = NodeDigests("node-1", clock=lambda: clock[0])
+    res = [{"training.job.id": JOB, "training.rank": r, "host.name": "node-1"} for r in range(3)]
+    for r in range(3):
+        d.heartbeat(res[r], {"step": 0, "state": "step"}, 99.0)
+    d.step(res[0], 1, 99.0, 100.0, 0.3, 0.02, None)
+    d.step(res[1], 1, 99.0, 100.2, 0.3, 0.02, None)
+    ((_, body),) = d.bodies(100.0)
+    assert body["step_rows"] == []  # rank 2 has not finished step 1
+    clock[0] = 103.0  # rank 2 died: after three intervals the row goes with the two that did
+    ((_, body),) = d.bodies(103.0)
+    ((row),) = body["step_rows"]
+    assert row[:5] == [1, 2, 99.0, 100.0, pytest.approx(1.2)]
+    d.step(res[2], 1, 99.0, 104.0, 0.3, 0.02, None)  # late: a sign of life, not a second row
+    ((_, body),) = d.bodies(104.0)
+    assert body["step_rows"] == [] and all(g["fresh"] for g in body["groups"] if 2 in g["ranks"])
+
+
+def test_a_straggler_stands_out_of_its_node_row_against_its_own_baseline():
+    d = NodeDigests("node-1", clock=lambda: 0.0)
+    res = [{"training.job.id": JOB, "training.rank": r, "host.name": "node-1"} for r in range(4)]
+    rows = []
+    for step in range(1, 21):
+        for r in range(4):
+            # From step 16 on rank 3 computes 0.5 s longer and the others wait that long in their collectives.
+            late = step > 15
+            d.step(res[r], step, step - 1.0, step - 0.1 + (0.5 if late else 0.0),
+                   0.3 + (0.5 if late and r != 3 else 0.0), 0.02, None)
+        rows += d.bodies(float(step))[0][1]["step_rows"]
+    assert [row[0] for row in rows] == list(range(1, 21))
+    last = rows[-1]
+    (top, second) = last[9]
+    assert top[0] == 3 and top[1] == pytest.approx(0.5, abs=0.01)  # its compute grew by 0.5 s over its usual
+    assert second[1] < 0.01 and last[7] == pytest.approx(0.0, abs=1e-6)  # nobody else's work grew, no data wait
+    # collective 0.3 + compute baseline 0.58 + data baseline 0.02: a healthy step's time, as the job's baseline is
+    assert rows[10][8] == pytest.approx(0.9, abs=0.01)
+
+
+def test_a_node_whose_ranks_all_exited_holds_no_step_of_the_job_back():
+    job = Job(nodes=2, digests=True)
+    job.run(5)
+    state = job.attribution.engine.jobs[JOB]
+    dj = state.digest
+    assert dj.live == 2 and state.last_step_closed >= 3
+    node = dj.nodes["node-1"]
+    dj.uncount(node)
+    assert dj.live == 1 and dj.past(0) == 1 and not node.counted
+
+
 def test_digests_replace_every_rank_heartbeat_and_step_span_with_one_record_per_node():
     job = Job(nodes=2, digests=True)
     job.run(5)
