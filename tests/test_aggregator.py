@@ -221,6 +221,28 @@ def test_compact_forwards_unchanged_node_metrics_only_on_refresh():
     assert compact.stats["metrics"]["unchanged"] == 2 + 2 + 1 + 1
 
 
+def test_compact_sends_a_rank_exception_at_once_with_what_waited():
+    from otel_gpu.component import ComponentHost
+    from otel_gpu.collector.telemetry import PrometheusSelfTelemetry
+    from otel_gpu.config import build
+    from otel_gpu.processors.compact import CompactConfig, CompactProcessor
+
+    compact = CompactProcessor(build(CompactConfig, {"job_id": JOB, "batch_interval": "1s"}, "processors.compact"),
+                               ComponentHost("compact", PrometheusSelfTelemetry()))
+
+    def send(rank: int, event, attrs=None):
+        lb = LogsBuilder({"training.job.id": JOB, "training.rank": rank})
+        lb.event(event, {"step": 3}, attrs=attrs or {})
+        return compact.process(Batch.from_message(Signal.LOGS, lb.build()))
+
+    assert send(0, T.PROGRESS_EVENT) is None  # a heartbeat waits for the batch interval
+    out = send(1, T.EXCEPTION_EVENT, {"exception.type": "RuntimeError"})
+    assert out is not None  # the exception goes now, and the heartbeat with it
+    assert [r.event_name for rl in out.message.resource_logs for sl in rl.scope_logs for r in sl.log_records] == [
+        T.PROGRESS_EVENT.name, T.EXCEPTION_EVENT.name]
+    assert send(2, T.PROGRESS_EVENT) is None
+
+
 def test_compact_forwards_node_metrics_at_once_when_a_new_job_comes_to_the_node():
     """The node's metrics went to job A's aggregator; job B starts on the node: its aggregator must learn the
     node's devices at the next poll, not at the next refresh (up to metrics_refresh_s later)."""

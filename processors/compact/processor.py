@@ -36,6 +36,7 @@ _logger = logging.getLogger(__name__)
 
 _JOB = I.JOB_ID
 _GPU_INDEX, _ERROR_TYPE, _HW_ERRORS = I.GPU_INDEX, G.ERROR_TYPE, G.HW_ERRORS.name
+_URGENT = frozenset((T.EXCEPTION_EVENT.name, T.EXIT_EVENT.name, T.SIGNAL_EVENT.name))
 _MAX_SERIES = 20_000  # metric series remembered for change detection (a node has a few dozen)
 # signal -> (resource list, scope list, item list, the item's name field)
 _SHAPE = {signal: (*signal.fields, "event_name" if signal is Signal.LOGS else "name") for signal in Signal}
@@ -167,15 +168,16 @@ class CompactProcessor(Processor):
                 digests.exited(res_attrs, attributes_dict(item.attributes))
         return False
 
-    def _enqueue(self, batch: Batch, items: int) -> Batch | None:
-        """Adds a kept batch to its signal's merged request; returns the merged request once it is full."""
+    def _enqueue(self, batch: Batch, items: int, urgent: bool = False) -> Batch | None:
+        """Adds a kept batch to its signal's merged request; returns the merged request once it is full (or at once
+        when ``urgent``)."""
         with self._lock:
             merged, count = self._pending.get(batch.signal, (None, 0))
             if merged is None:
                 merged = batch.signal.request_type()()
             merged.MergeFrom(batch.message)  # repeated resources are appended
             count += items
-            if count < self.config.batch_max_items:
+            if count < self.config.batch_max_items and not urgent:
                 self._pending[batch.signal] = (merged, count)
                 return None
             self._pending.pop(batch.signal, None)
@@ -296,7 +298,12 @@ class CompactProcessor(Processor):
     def _out(self, batch: Batch, plan) -> Batch | None:
         if self.config.batch_interval_s <= 0:
             return batch
-        return self._enqueue(batch, sum(len(k) for _, jobs, scopes in plan for _, k in scopes))
+        # A rank's exception, exit or stop signal opens a crash incident at the aggregator: it goes at once, with
+        # what waited (the crash is named within a second of the first rank's death; waiting for the batch
+        # interval would add up to batch_interval_s).
+        urgent = batch.signal is Signal.LOGS and any(
+            item.event_name in _URGENT for _, _, scopes in plan for _, kept in scopes for item in kept)
+        return self._enqueue(batch, sum(len(k) for _, jobs, scopes in plan for _, k in scopes), urgent)
 
     def _trim_nic(self, metric):
         """``metric`` (hw.errors) without the points of NIC counters not in ``nic_counters``; itself when none is
