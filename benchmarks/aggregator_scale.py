@@ -289,14 +289,19 @@ def _digest_requests(gen: _Generator, node: int, s: int, first: bool, refresh: b
     now = gen.t0 + s
     host = f"node-{node:05d}"
     d = NodeDigests(host, clock=lambda: now, refresh_s=1e12)
+    # A job past NodeDigests.RANKS_PER_INTERVAL ranks gets its node's digest every few seconds (staggered over the
+    # nodes), holding the steps of those seconds.
+    every = NodeDigests.intervals_for(gen.n)
+    due = (s + node) % every == 0
     own: list[bytes] = []
     for rank in range(node * RANKS_PER_NODE, min(gen.n, (node + 1) * RANKS_PER_NODE)):
         if gen.dead(rank, s):
             continue
         res = gen.res_dict(rank)
-        st = gen.step_fields(rank, s)
-        if st is not None:
-            d.step(res, st[0], st[1], st[2], 0.31, 0.02, 0.0)
+        for ss in range(max(1, s - every + 1), s + 1) if due else ():
+            st = gen.step_fields(rank, ss)
+            if st is not None:
+                d.step(res, st[0], st[1], st[2], 0.31, 0.02, 0.0)
         body, stacks = gen.bodies(rank, s)
         if body is not None:
             d.heartbeat(res, body, now)
@@ -316,6 +321,8 @@ def _digest_requests(gen: _Generator, node: int, s: int, first: bool, refresh: b
         for job in d.jobs.values():
             for r in job.ranks.values():
                 r.who_sent = now
+    if not due:
+        return [], own
     digests = []
     for job_id, body in d.bodies(now):
         lb = LogsBuilder({"training.job.id": job_id, "host.name": host, "service.name": "otel-gpu-sidecar"},
@@ -335,6 +342,7 @@ def run_one(n_ranks: int, seconds: int, hang_at: float | None, node_refresh_s: i
     from otel_gpu.collector.config import load_text
     from otel_gpu.collector.runtime import Collector, tune_gc_for_service
     from otel_gpu.pdata import Batch, Signal
+    from otel_gpu.processors.compact._digest import NodeDigests
 
     logging.disable(logging.WARNING)  # the failure record is logged at WARNING; we print it ourselves
     tmp = Path(tempfile.mkdtemp(prefix="otel-gpu-aggscale-"))
@@ -390,7 +398,8 @@ def run_one(n_ranks: int, seconds: int, hang_at: float | None, node_refresh_s: i
             g0 = thread_time()
             reqs = []
             if digest:
-                digests, own = _digest_requests(g, node, s, s == 1, (s + node) % 30 == 0)
+                digests, own = _digest_requests(g, node, s, s <= NodeDigests.intervals_for(g.n),
+                                                (s + node) % 30 == 0)
                 reqs += [(LG, raw) for raw in own]
                 # A routing tier's batch processor merges many nodes' digests into one request (concatenated
                 # export requests are one request: protobuf merges repeated fields).

@@ -235,6 +235,18 @@ def test_a_straggler_stands_out_of_its_node_row_against_its_own_baseline():
     assert rows[10][8] == pytest.approx(0.9, abs=0.01)
 
 
+def test_a_job_past_65536_ranks_gets_a_digest_every_two_intervals_with_every_step_in_it():
+    assert [NodeDigests.intervals_for(n) for n in (None, 8, 65536, 65537, 131072, 200_000)] == [1, 1, 1, 2, 2, 4]
+    d = NodeDigests("node-1", clock=lambda: 0.0)
+    res = {"training.job.id": JOB, "training.rank": 5, "host.name": "node-1", "training.world_size": 131072}
+    sent = []
+    for s in range(1, 7):
+        d.heartbeat(res, {"step": s, "state": "step"}, s - 0.5)
+        d.step(res, s, s - 1.0, s - 0.1, 0.3, 0.02, None)
+        sent += [(s, [row[0] for row in body["step_rows"]]) for _, body in d.bodies(float(s))]
+    assert sent == [(1, [1]), (3, [2, 3]), (5, [4, 5])]
+
+
 def test_a_node_whose_ranks_all_exited_holds_no_step_of_the_job_back():
     job = Job(nodes=2, digests=True)
     job.run(5)

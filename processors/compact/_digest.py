@@ -38,7 +38,7 @@ Example:
     ([3], [56, 56], True)
     >>> d.step(who, 7, 98.0, 99.0, 0.25, 0.05, None)
     True
-    >>> d.bodies(100.0)[0][1]["step_rows"]  # rank 3 completed step 7; no baseline yet: no growth, no floor
+    >>> d.bodies(101.0)[0][1]["step_rows"]  # rank 3 completed step 7; no baseline yet: no growth, no floor
     [[7, 1, 98.0, 99.0, 1.0, 0.05, None, 0.0, None, [[3, 0.0, 0.0]]]]
 """
 from __future__ import annotations
@@ -52,7 +52,7 @@ from typing import Any
 from otel_gpu.processors.attribution import AttributionConfig
 from otel_gpu.schema import identity as I
 
-__all__ = ["NodeDigests", "DIGEST_VERSION", "IDENTITY_KEYS"]
+__all__ = ["NodeDigests", "DIGEST_VERSION", "IDENTITY_KEYS", "RANKS_PER_INTERVAL"]
 
 DIGEST_VERSION = 2
 _JOB, _RANK, _HOST = I.JOB_ID, I.RANK, I.HOST_NAME
@@ -62,6 +62,8 @@ IDENTITY_KEYS = (I.LOCAL_RANK, I.PROCESS_PID, I.GPU_INDEX, I.GPU_UUID, I.WORLD_S
 _COLLECTIVE_KINDS = frozenset(("collective", "wait", "flight_recorder"))
 _MAX_RANKS = 4096  # ranks per job on one node (8 is usual); more is hostile input
 _MAX_JOBS = 64
+#: A job's digests go one more interval apart for each this many ranks (NodeDigests.intervals_for).
+RANKS_PER_INTERVAL = 65536
 _MAX_OPEN_STEPS = 64  # steps of a job waiting for the node's other ranks (a few, usually)
 _ROW_AFTER = 3  # intervals a step waits for the node's other ranks before its row goes out with those that reported
 _BASELINE = 32  # healthy steps per rank baseline
@@ -87,7 +89,8 @@ class _Rank:
 
 
 class _Job:
-    __slots__ = ("ranks", "gone", "last_refresh", "open_steps", "closed", "durations", "rows_done", "step_s")
+    __slots__ = ("ranks", "gone", "last_refresh", "open_steps", "closed", "durations", "rows_done", "step_s",
+                 "world", "last_sent")
 
     def __init__(self) -> None:
         self.ranks: dict[int, _Rank] = {}
@@ -99,6 +102,8 @@ class _Job:
         self.durations: deque[float] = deque(maxlen=30)  # the node's healthy step times (its usual)
         self.rows_done = 0  # rows built (the first slowdown_warmup_steps teach no baseline)
         self.step_s: list[float] = []  # step durations seen since the last digest
+        self.world: int | None = None  # the job's world size, as its ranks say
+        self.last_sent: float | None = None  # when its last digest went
 
 
 def _int(v: Any) -> int | None:
@@ -156,6 +161,9 @@ class NodeDigests:
         host = res.get(_HOST)
         if isinstance(host, str) and host:
             who[_HOST] = host
+        world = _int(who.get(I.WORLD_SIZE))
+        if world is not None and world != job.world:
+            job.world = world
         r = job.ranks.get(rank_no)
         if r is None:
             if len(job.ranks) >= _MAX_RANKS:
@@ -302,13 +310,28 @@ class NodeDigests:
                 _round(floor), [[n, _round(dc), _round(dd)] for _, n, dc, dd in top[:_TOP]]]
 
     # -- the digest ----------------------------------------------------------------------------------------------
+    @staticmethod
+    def intervals_for(world_size: int | None) -> int:
+        """How many intervals apart a job's digests go: one up to RANKS_PER_INTERVAL ranks, one more for each
+        RANKS_PER_INTERVAL beyond (a 131,072-rank job: every 2 s). The aggregator's cost is per digest, and a job
+        that large steps in seconds and hangs for minutes before its watchdog acts: a digest every second per node
+        is more than it needs (docs/scale.md). A rank's exception, exit or stop signal never waits."""
+        if not world_size or world_size <= RANKS_PER_INTERVAL:
+            return 1
+        return -(-world_size // RANKS_PER_INTERVAL)
+
     def bodies(self, now: float) -> list[tuple[str, dict[str, Any]]]:
-        """(job id, digest body) per job with ranks on this node; resets what is per interval."""
+        """(job id, digest body) per job with ranks on this node whose digest is due; resets what is per
+        interval."""
         out = []
         for job_id, job in list(self.jobs.items()):
             if not job.ranks and not job.gone:
                 del self.jobs[job_id]
                 continue
+            every = self.intervals_for(job.world) * self.interval_s
+            if job.last_sent is not None and now - job.last_sent < every - 0.5 * self.interval_s:
+                continue  # a large job: not due yet (the timer's jitter aside)
+            job.last_sent = now
             out.append((job_id, self._body(job, now)))
             job.gone = []
         self.stats["digests"] += len(out)
