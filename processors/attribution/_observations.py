@@ -110,6 +110,10 @@ class StepSeen:
         return self.end - self.start
 
 
+def _most_first(t: tuple[float, int, float, float]) -> tuple[float, int]:
+    return -t[0], t[1]
+
+
 @dataclass(slots=True)
 class NodeStep:
     """One step of a job as its node digests sum it up (their step rows, ``processors/compact/_digest.py``), merged
@@ -135,12 +139,15 @@ class NodeStep:
             self.data_min = None if row[7] is None else min(self.data_min, float(row[7]))
         if self.floor is not None:
             self.floor = None if row[8] is None else min(self.floor, float(row[8]))
+        top = self.top  # kept most first
         for n, dc, dd in row[9] or ():
             dc, dd = float(dc), float(dd)
-            self.top.append((max(dc, dd), int(n), dc, dd))
-        if len(self.top) > self.KEEP:
-            self.top.sort(key=lambda t: (-t[0], t[1]))
-            del self.top[self.KEEP:]
+            grew = max(dc, dd)
+            if len(top) >= self.KEEP and grew <= top[-1][0]:
+                continue  # the usual row: nobody grew more than those kept
+            top.append((grew, int(n), dc, dd))
+            top.sort(key=_most_first)
+            del top[self.KEEP:]
 
     @property
     def bound(self) -> float:

@@ -224,12 +224,14 @@ class GoodputProcessor(Processor):
         ledger = self._ledger(job, t, restarts)
         if not isinstance(rows, list):
             return
+        counted = ledger.counted_steps
         for row in rows:
             if not isinstance(row, list) or len(row) < 7:
                 continue
-            step, start, end = _step(row[0]), _seconds(row[2], t), _seconds(row[3], t)
-            if step is None:
-                continue
+            step = _step(row[0])
+            if step is None or (restarts, step) in counted:
+                continue  # another node's row of this step counted it (16,384 rows of one step at 131,072 ranks)
+            start, end = _seconds(row[2], t), _seconds(row[3], t)
             if start < ledger.first_seen:
                 ledger.touch(start, restarts)
             ledger.touch(end, restarts)

@@ -45,7 +45,8 @@ _JOB, _HOST, _RANK, _WORLD = (identity.JOB_ID, identity.HOST_NAME, identity.RANK
 _IDENTITY_KEYS = frozenset((_JOB, _HOST, _RANK, _WORLD))
 _MAX_BATCH = 500  # records per transaction
 _KNOWN_MAX = 1_000_000  # (job, rank) / (job, host) pairs remembered as written
-_IDENTITY_CACHE = 4096  # distinct resources remembered (a node has a few ranks and devices)
+_IDENTITY_CACHE = 65536  # distinct resources remembered: a node digest and its devices per node (16,384 nodes:
+# 32,768), or one per rank process; at 4,096 a 131,072-rank job missed on every request
 LOCK_FILE = db.DB_FILE + ".lock"  # beside the file: one writing collector per store (flock; readers never take it)
 _LOG_EVERY_S = 60.0  # a repeating fault (a poison record, a full disk) is logged at most this often per kind
 _SQLITE_MAGIC = b"SQLite format 3\x00"
