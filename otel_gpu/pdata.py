@@ -177,6 +177,10 @@ class Batch:
             out = bodies[position] = body_object(record)
             return out
 
+    def wire(self) -> bytes | None:
+        """The bytes it arrived as, while it is unchanged; None for a batch built or changed here."""
+        return self._raw
+
     def to_bytes(self) -> bytes:
         if self._raw is None:
             self._raw = self.message.SerializeToString()

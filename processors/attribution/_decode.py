@@ -18,7 +18,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from otel_gpu.component import ComponentHost
-from otel_gpu.pdata import Batch, attributes_dict, body_object, number_points, point_value, to_python
+from otel_gpu.pdata import Batch, attributes_dict, body_object, data_points, number_points, point_value, to_python
 from otel_gpu.processors.attribution import _digest
 from otel_gpu.processors.attribution._engine import Engine
 from otel_gpu.processors.attribution.config import AttributionConfig
@@ -215,6 +215,8 @@ class _ResourceView:
 
 
 _VIEW_CACHE_MAX = 65536  # distinct resources remembered (one per rank process, plus the nodes' receivers)
+_WHOLE_MAX = 1 << 20  # bytes: a larger metrics request is decoded metric by metric
+_ZERO8 = bytes(8)
 _VIEW_KEY_MAX = 4096  # bytes; a rank's resource is a few hundred
 
 
@@ -242,6 +244,8 @@ class Decoder:
         self._views: dict[bytes, _ResourceView] = {}
         self._metric_memo = MetricMemo()
         self._layouts = _Layouts()
+        self._requests: dict[int, int] = {}  # a request's resources -> its last content (poll times masked)
+        self._request_nodes: dict[int, tuple[tuple[str, int], ...]] = {}  # -> (host, resource key) of each
 
     def view(self, resource) -> _ResourceView:
         """Performance (aggregator scale, benchmarks/aggregator_scale.py): every request of a rank carries the same
@@ -353,7 +357,53 @@ class Decoder:
     def _host(self, res: dict[str, Any]) -> str:
         return str(res.get(I.HOST_NAME) or self.config.default_host or os.uname().nodename)
 
-    def metrics(self, request: ExportMetricsServiceRequest, now: float) -> None:
+    def metrics(self, request: ExportMetricsServiceRequest, now: float, batch: Batch | None = None) -> None:
+        """``batch``: the request's Batch; while it holds the wire bytes, a request that repeats the last one of
+        the same resources (timestamps aside: a node's refresh) is recognised from those bytes, with no metric
+        encoded again (``_metric_memo`` encodes each metric: 0.3 ms a node, 0.15 CPU s a second at 16,384 nodes)."""
+        whole = self._whole_request(request, batch)
+        if whole is not None:
+            key, fingerprint, t = whole
+            if self._requests.get(key) == fingerprint:
+                for host, res_key in self._request_nodes.get(key, ()):
+                    gpus, ports = self._metric_memo.devices(res_key)
+                    self.engine.devices.seen(host, list(gpus), list(ports), t or self._clock())
+                return
+        self._metrics(request)
+        if whole is not None:
+            key, fingerprint, _ = whole
+            if len(self._requests) >= _VIEW_CACHE_MAX:
+                self._requests.clear()
+                self._request_nodes.clear()
+            self._requests[key] = fingerprint
+            self._request_nodes[key] = tuple(
+                (self._host(self.view(rm.resource).attrs), hash(rm.resource.SerializeToString()))
+                for rm in request.resource_metrics)
+
+    @staticmethod
+    def _whole_request(request: ExportMetricsServiceRequest, batch: Batch | None) -> tuple[int, int, float] | None:
+        """(its resources, its content with the poll times masked, the poll time) from the wire bytes; None
+        without them."""
+        raw = batch.wire() if batch is not None else None
+        if raw is None or len(raw) > _WHOLE_MAX:
+            return None
+        stamps: set[int] = set()
+        resources = []
+        for rm in request.resource_metrics:
+            resources.append(rm.resource.SerializeToString())
+            for sm in rm.scope_metrics:
+                for m in sm.metrics:
+                    points = data_points(m)
+                    if len(points):
+                        stamps.add(points[0].time_unix_nano)
+                        stamps.add(points[0].start_time_unix_nano)
+        masked = raw
+        for t in stamps:
+            if t:
+                masked = masked.replace(t.to_bytes(8, "little"), _ZERO8)
+        return hash(tuple(resources)), hash(masked), max(stamps, default=0) / 1e9
+
+    def _metrics(self, request: ExportMetricsServiceRequest) -> None:
         memo = self._metric_memo
         for rm in request.resource_metrics:
             host = None
@@ -383,14 +433,10 @@ class Decoder:
             if host is None:
                 continue
             memo.learn(res_key, gpus, ports)
-            if seen_at is not None:
+            if seen_at is not None:  # the node's other devices reported as before: they were seen then
                 known_gpus, known_ports = memo.devices(res_key)
-                for key in known_gpus:
-                    if key not in gpus:
-                        gpus[key] = GpuSample(host, key, seen_at)
-                for key in known_ports:
-                    if key not in ports:
-                        ports[key] = NicSample(host, key, seen_at)
+                self.engine.devices.seen(host, [k for k in known_gpus if k not in gpus],
+                                         [k for k in known_ports if k not in ports], seen_at)
             for sample in gpus.values():
                 self.engine.observe_gpu(sample)
             for sample in ports.values():

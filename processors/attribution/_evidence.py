@@ -293,6 +293,23 @@ class DeviceEvidence:
             gpu = by_id[gpu_id] = GpuState(host, gpu_id)
         return gpu
 
+    def seen(self, host: str, gpus: list[str], ports: list[str], t: float) -> None:
+        """The node's ``gpus`` and ``ports`` reported at ``t`` what they reported before (an unchanged metric):
+        what :meth:`observe_gpu` and :meth:`observe_nic` do with a sample that says nothing new, without one."""
+        for key in gpus:
+            gpu = self._gpu(host, key)
+            if t > gpu.last_seen:
+                gpu.last_seen = t
+        by_port = self.ports.setdefault(host, {})
+        for key in ports:
+            port = by_port.get(key)
+            if port is None:
+                port = by_port[key] = PortState(host, key)
+            if t > port.last_seen:
+                port.last_seen = t
+        if (gpus or ports) and t > self.host_last_seen.get(host, 0.0):
+            self.host_last_seen[host] = t
+
     def observe_gpu(self, sample: GpuSample) -> None:
         gpu = self._gpu(sample.host, sample.gpu)
         gpu.uuid = sample.uuid or gpu.uuid

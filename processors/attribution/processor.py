@@ -97,7 +97,7 @@ class AttributionProcessor(Processor):
             if batch.signal is Signal.LOGS:
                 self.decoder.logs(batch.message, now, batch)
             elif batch.signal is Signal.METRICS:
-                self.decoder.metrics(batch.message, now)
+                self.decoder.metrics(batch.message, now, batch)
             else:
                 if self.decoder.spans(batch.message, now) and self._tagging:
                     self._tag(batch)
