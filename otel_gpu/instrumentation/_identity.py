@@ -38,7 +38,8 @@ _logger = logging.getLogger(__name__)
 
 def process_creation_time(pid: int | str = "self") -> float:
     """When the process was created (unix seconds): its start in ``/proc/<pid>/stat`` (clock ticks since boot) plus
-    the boot time in ``/proc/stat``; the current time where /proc says nothing (not Linux).
+    the boot time, read as the wall clock less the boot clock (to the tick: ``/proc/stat``'s btime, the fallback, is
+    whole seconds, up to a second early); the current time where /proc says nothing (not Linux).
 
     >>> import time
     >>> 0 <= time.time() - process_creation_time() < 3600
@@ -48,8 +49,12 @@ def process_creation_time(pid: int | str = "self") -> float:
         with open(f"/proc/{pid}/stat", "rb") as f:
             fields = f.read().rsplit(b")", 1)[1].split()  # the command name may hold spaces and parentheses
         ticks = int(fields[19])  # field 22 of proc(5), counted after the name
-        with open("/proc/stat", "rb") as f:
-            btime = next(int(line.split()[1]) for line in f if line.startswith(b"btime "))
+        boottime = getattr(time, "CLOCK_BOOTTIME", None)
+        if boottime is not None:
+            btime: float = time.time() - time.clock_gettime(boottime)
+        else:
+            with open("/proc/stat", "rb") as f:
+                btime = next(int(line.split()[1]) for line in f if line.startswith(b"btime "))
         return btime + ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError, StopIteration):
         return time.time()
