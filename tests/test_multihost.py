@@ -91,6 +91,11 @@ def bed():
 
     b = Bed(2)
     b.root_links_before = _root_links()
+    yield from _running(b)  # test_zz checks nothing is left
+
+
+def _running(b):
+    """Starts bed ``b`` for a fixture and closes it afterwards, also on test failure."""
     try:
         b.start()
     except cl.ClusterUnavailable as exc:
@@ -98,7 +103,7 @@ def bed():
     try:
         yield b
     finally:
-        b.close()  # also on test failure; test_zz checks nothing is left
+        b.close()
 
 
 def _failures_of(bed, job_id: str, predicate=lambda fs: bool(fs), timeout_s: float = 30.0):
@@ -138,14 +143,7 @@ class TestNodeDigests:
         from otel_gpu.testing.multinode import Bed
 
         b = Bed(2, digests=True)
-        try:
-            b.start()
-        except cl.ClusterUnavailable as exc:
-            pytest.fail(f"the bed cannot be built here: {exc}")
-        try:
-            yield b
-        finally:
-            b.close()
+        yield from _running(b)
         assert cl.leftovers(b.cluster.prefix) == []
 
     @pytest.fixture(scope="class")
