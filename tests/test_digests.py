@@ -336,4 +336,41 @@ def test_a_late_digest_changes_nothing():
         {"ranks": [0], "fresh": True, "time": sent - 5, "step": 0, "state": "step", "inflight": None}]})
     job.attribution.process(Batch.from_message(Signal.LOGS, lb.build()))
     assert node.sent == sent
-    assert job.attribution.engine.jobs[JOB].ranks[0].last_heartbeat.step == 3
+    state = job.attribution.engine.jobs[JOB]
+    job.attribution.engine.sync(state)
+    assert state.ranks[0].last_heartbeat.step == 3
+
+
+def _rank_view(job: Job) -> dict:
+    state = job.attribution.engine.jobs[JOB]
+    out = {}
+    for n, r in sorted(state.ranks.items()):
+        hb = r.last_heartbeat
+        out[n] = (r.last_seen, hb.time, hb.step, hb.state, hb.stalled_s, hb.inflight, hb.last_seq, hb.steps_done)
+    nodes = {h: (x.stall_t0, x.seen_floor, x.last_step) for h, x in state.digest.nodes.items()}
+    return {"ranks": out, "nodes": nodes}
+
+
+def test_a_healthy_digest_reaches_the_ranks_when_they_are_read_as_it_would_have_at_once(monkeypatch):
+    """The usual digest (every group fresh) is kept on its node and applied to the ranks when something reads them;
+    what they then hold, and what the gate read meanwhile, is what applying each digest at once gave."""
+    from otel_gpu.processors.attribution import _digest
+
+    lazy = Job(nodes=3, digests=True, hang_at=10_000)
+    lazy.run(12)
+    state = lazy.attribution.engine.jobs[JOB]
+    assert set(state.digest.unsynced) == {"node-0", "node-1", "node-2"}  # kept, not applied rank by rank
+    monkeypatch.setattr(_digest, "_whole_fresh", lambda *a: None)  # every digest applied to its ranks at once
+    eager = Job(nodes=3, digests=True, hang_at=10_000)
+    eager.run(12)
+    assert not eager.attribution.engine.jobs[JOB].digest.unsynced
+    monkeypatch.undo()
+    gate_before = _rank_view(lazy)["nodes"]
+    # A rank's own record (its stacks, forwarded because it stands out) reads the ranks: the job is brought up to date.
+    for job in (lazy, eager):
+        lb = LogsBuilder(job._resource(5))
+        lb.event(T.STACKS_EVENT, {"threads": [], "top": "/home/me/train.py:88 evaluate", "inflight": None},
+                 time_ns=int(job.sim[0] * 1e9))
+        job.attribution.process(Batch.from_message(Signal.LOGS, lb.build()))
+    assert not state.digest.unsynced
+    assert _rank_view(lazy) == _rank_view(eager) and gate_before == _rank_view(eager)["nodes"]

@@ -35,7 +35,7 @@ from otel_gpu.processors.attribution._state import JobState, RankState
 if TYPE_CHECKING:
     from otel_gpu.processors.attribution._engine import Engine
 
-__all__ = ["DigestJob", "NodeState", "observe_digest", "quiet"]
+__all__ = ["DigestJob", "NodeState", "observe_digest", "quiet", "sync"]
 
 # The instrumentation says where an in-flight operation was seen; the engine needs only what it is (as processor.py).
 _INFLIGHT_KINDS = {"collective": "collective", "wait": "collective", "flight_recorder": "collective",
@@ -57,6 +57,9 @@ class NodeState:
     pg: dict[str, dict] = field(default_factory=dict)  # the digest's per-group summary
     last_step: int = -1  # the highest step its rows named
     counted: bool = False  # in DigestJob.at_step
+    base: dict[str, Any] = field(default_factory=dict)  # job id and host of its digests' resource
+    #: the newest digest's groups and collector time, not applied to the ranks yet (:func:`sync`)
+    pending: tuple[list, float] | None = None
 
 
 @dataclass
@@ -73,6 +76,10 @@ class DigestJob:
     at_step: dict[int, int] = field(default_factory=dict)
 
     live: int = 0  # nodes counted in at_step: their ranks step (a node whose ranks all exited is not)
+    #: nodes whose newest digest waits to be applied to their ranks (:func:`sync`), by host
+    unsynced: dict[str, NodeState] = field(default_factory=dict)
+    identity: Callable[[dict[str, Any]], Identity | None] | None = None  # the processor's identity builder
+    said: dict[int, int] = field(default_factory=dict)  # rank -> a hash of what its node's digests said of it (who)
 
     def move(self, node: NodeState, step: int) -> None:
         """``node``'s rows reached ``step``."""
@@ -165,20 +172,40 @@ def observe_digest(engine: Engine, res: dict[str, Any], body: dict[str, Any], no
                    identity: Callable[[dict[str, Any]], Identity | None]) -> None:
     """Applies one node digest (``body``, its resource's attributes ``res``) to the job's state. ``identity`` builds
     an :class:`Identity` from resource attributes (the processor's). Raises on a body of the wrong shape (the
-    processor skips that record)."""
+    processor skips that record).
+
+    The usual digest (every group fresh, the node's ranks as before, no new identity) is not applied to each rank
+    at once: the node keeps it (``pending``) and :func:`sync` applies it when something reads the ranks (a rank's own
+    record, a detector the gate let run, a verdict). What the gate reads is computed from the groups (each group's
+    own stall), so that a healthy job costs a few operations per group and none per rank."""
     host = str(body.get("host") or res.get("host.name") or "")
     ranks = body.get("ranks") or []
     if not all(type(n) is int for n in ranks):
         ranks = [int(n) for n in ranks]
     who_map = body.get("who") or {}
     base = {k: res[k] for k in ("training.job.id", "host.name") if k in res}
-    # Identities first: a higher restart count is a new incarnation (the engine clears the job's ranks).
+    known = engine.jobs.get(res.get("training.job.id"))  # type: ignore[arg-type]
+    # Identities first: a higher restart count is a new incarnation (the engine clears the job's ranks). The sidecar
+    # says them again every refresh (for an aggregator that restarted): what it said before is not decoded again.
+    said = known.digest.said if known is not None and isinstance(known.digest, DigestJob) \
+        and known.digest.restart_count == known.restart_count else None
     fresh_ids: dict[int, Identity] = {}
+    heard: dict[int, int] = {}
     for key, attrs in who_map.items():
+        if isinstance(attrs, dict):
+            try:
+                h = hash((key, *attrs.items()))
+            except TypeError:  # a value that is a list or an object: decoded each time
+                h = None
+            n = _int(key)
+            if h is not None and n is not None:
+                if said is not None and said.get(n) == h:
+                    continue
+                heard[n] = h
         who = identity({**base, **(attrs if isinstance(attrs, dict) else {}), "training.rank": int(key)})
         if who is not None:
             fresh_ids[who.rank] = who
-    known = engine.jobs.get(res.get("training.job.id")) if not fresh_ids else None  # type: ignore[arg-type]
+    known = known if not fresh_ids else None
     if known is not None:  # the usual digest: a known job, no new identity (what engine._job would find)
         job = known
         job.last_activity = max(job.last_activity, now)
@@ -194,7 +221,10 @@ def observe_digest(engine: Engine, res: dict[str, Any], body: dict[str, Any], no
     dj = job.digest
     if not isinstance(dj, DigestJob) or dj.restart_count != job.restart_count:
         dj = job.digest = DigestJob(job.restart_count)
-    dj.identities.update(fresh_ids)
+    dj.identity = identity
+    if fresh_ids:
+        dj.identities.update(fresh_ids)
+        dj.said.update((n, h) for n, h in heard.items() if n in fresh_ids)
     node = dj.nodes.get(host)
     sent = float(body.get("time") or 0.0)
     if node is None:
@@ -203,32 +233,100 @@ def observe_digest(engine: Engine, res: dict[str, Any], body: dict[str, Any], no
         node = dj.nodes[host] = NodeState(host)
     elif sent < node.sent:
         return  # a late digest: a newer one of this node was applied
-    node.sent, node.received = sent, now
+    node.sent, node.received, node.base = sent, now, base
     dj.digests += 1
     node.pg = body.get("pg") or {}
-    job_ranks = job.ranks
+    groups = body.get("groups") or []
+    worst = None
+    if not fresh_ids and ranks and not body.get("gone") and len(ranks) == len(node.ranks) \
+            and node.ranks.issuperset(ranks):
+        worst = _whole_fresh(node.ranks, groups)
+    if worst is not None:
+        # Every rank of the node is in a fresh group: seen now, stalled at most as long as its group says.
+        node.pending = (groups, now)
+        dj.unsynced[host] = node
+        node.stall_t0, node.seen_floor = now - worst, now
+    else:
+        if node.pending is not None:
+            _flush(engine, job, dj, node)
+        # The groups' heartbeats, and on the way what the gate reads (_node_floor, without a second walk).
+        stall_t0, seen, covered = _apply_groups(engine, job, dj, node, groups, now, fresh_ids)
+        for n in body.get("gone") or []:
+            node.ranks.discard(int(n))
+        if not ranks and not node.ranks:
+            dj.uncount(node)  # every rank of the node exited: the job's steps no longer wait for it
+        if len(ranks) != len(node.ranks) or not node.ranks.issuperset(ranks):
+            node.ranks.update(ranks)
+            for n in ranks:
+                dj.rank_node.setdefault(n, host)
+                if n not in job.ranks:
+                    _rank_state(engine, job, dj, node, n, now, fresh_ids)
+        if covered == len(node.ranks):  # every rank of the node was in a group (a sidecar's digest names them all)
+            node.stall_t0, node.seen_floor = stall_t0, seen
+        else:
+            _node_floor(job, node)
+    rows = body.get("step_rows")
+    if rows:
+        _step_rows(engine, job, dj, node, rows, now)
 
-    def rank_state(n: int) -> RankState:
-        r = job_ranks.get(n)
-        who = fresh_ids.get(n)
-        if r is None or who is not None:
+
+def _whole_fresh(node_ranks: set[int], groups: list) -> float | None:
+    """The longest own stall over ``groups`` when each is fresh and together they name every rank of the node (and
+    no other); None otherwise (the digest is applied rank by rank)."""
+    worst = 0.0
+    named: set[int] = set()
+    for g in groups:
+        members = g.get("ranks")
+        if not members or not g.get("fresh") or not node_ranks.issuperset(members):
+            return None
+        named.update(members)
+        own = _group_stall(g)
+        if own > worst:
+            worst = own
+    return worst if len(named) == len(node_ranks) else None
+
+
+def _group_stall(g: dict[str, Any]) -> float:
+    """:func:`_own_stall` of the heartbeat :func:`_heartbeat` would build from group ``g``."""
+    stalled = _float(g.get("stalled_s"))
+    own = stalled if stalled is not None else 0.0
+    inflight = g.get("inflight")
+    if isinstance(inflight, dict):
+        since = _float(inflight.get("since"))
+        if since is not None:
+            own = max(own, float(g.get("time") or 0.0) - since)
+    return own
+
+
+def _rank_state(engine: Engine, job: JobState, dj: DigestJob, node: NodeState, n: int, now: float,
+                fresh_ids: dict[int, Identity]) -> RankState:
+    """Rank ``n``'s state, made (or its identity renewed) from what the digests said of it."""
+    r = job.ranks.get(n)
+    who = fresh_ids.get(n)
+    if r is None or who is not None:
+        if who is None:
+            who = dj.identities.get(n) or (dj.identity({**node.base, "training.rank": n})
+                                           if dj.identity is not None else None)
             if who is None:
-                who = dj.identities.get(n) or identity({**base, "training.rank": n})
-                if who is None:
-                    raise ValueError(f"digest names rank {n!r} of no job")
-                if who.restart_count != job.restart_count:
-                    who = Identity(who.job_id, who.rank, who.host, restart_count=job.restart_count)
-            created = n not in job_ranks
-            _, r = engine._rank(who, now)
-            if created:
-                r.last_seen = now  # a digest named it: a record of it reached its sidecar, as one would here
-            dj.rank_node[n] = host
-        return r
+                raise ValueError(f"digest names rank {n!r} of no job")
+            if who.restart_count != job.restart_count:
+                who = Identity(who.job_id, who.rank, who.host, restart_count=job.restart_count)
+        created = n not in job.ranks
+        _, r = engine._rank(who, now, sync=False)
+        if created:
+            r.last_seen = now  # a digest named it: a record of it reached its sidecar, as one would here
+        dj.rank_node[n] = node.host
+    return r
 
-    # The groups' heartbeats, and on the way what the gate reads (_node_floor, without a second walk).
+
+def _apply_groups(engine: Engine, job: JobState, dj: DigestJob, node: NodeState, groups: list, now: float,
+                  fresh_ids: dict[int, Identity]) -> tuple[float, float, int]:
+    """Each group's heartbeat to its ranks (and a fresh group's ranks seen ``now``); returns (stall_t0, seen floor,
+    ranks covered) over them, as the gate reads them."""
+    job_ranks = job.ranks
     stall_t0 = seen = float("inf")
     covered = 0
-    for g in body.get("groups") or []:
+    for g in groups:
         members = g.get("ranks") or ()
         if not members:
             continue
@@ -239,7 +337,7 @@ def observe_digest(engine: Engine, res: dict[str, Any], body: dict[str, Any], no
             # the usual case: a rank known, no new identity
             r = job_ranks.get(n) if not fresh_ids or n not in fresh_ids else None
             if r is None:
-                r = rank_state(int(n))
+                r = _rank_state(engine, job, dj, node, int(n), now, fresh_ids)
             if hb is None:
                 hb = _heartbeat(r.who, g)
                 own = _own_stall(hb)
@@ -252,23 +350,29 @@ def observe_digest(engine: Engine, res: dict[str, Any], body: dict[str, Any], no
             if last < seen:
                 seen = last
             covered += 1
-    for n in body.get("gone") or []:
-        node.ranks.discard(int(n))
-    if not ranks and not node.ranks:
-        dj.uncount(node)  # every rank of the node exited: the job's steps no longer wait for it
-    if len(ranks) != len(node.ranks) or not node.ranks.issuperset(ranks):
-        node.ranks.update(ranks)
-        for n in ranks:
-            dj.rank_node.setdefault(n, host)
-            if n not in job_ranks:
-                rank_state(n)
-    rows = body.get("step_rows")
-    if rows:
-        _step_rows(engine, job, dj, node, rows, now)
-    if covered == len(node.ranks):  # every rank of the node was in a group (a sidecar's digest names them all)
-        node.stall_t0, node.seen_floor = stall_t0, seen
-    else:
-        _node_floor(job, node)
+    return stall_t0, seen, covered
+
+
+def _flush(engine: Engine, job: JobState, dj: DigestJob, node: NodeState) -> None:
+    """Applies ``node``'s pending digest to its ranks."""
+    pending, node.pending = node.pending, None
+    dj.unsynced.pop(node.host, None)
+    if pending is None or dj.restart_count != job.restart_count:
+        return
+    groups, then = pending
+    try:
+        _apply_groups(engine, job, dj, node, groups, then, {})
+    except (TypeError, ValueError, AttributeError, OverflowError, KeyError, IndexError):
+        pass  # a group of the wrong shape (hostile input): its ranks keep what they had, as when it is skipped
+
+
+def sync(engine: Engine, job: JobState) -> None:
+    """Applies every node's pending digest to its ranks: called before anything reads the job's rank states."""
+    dj = job.digest
+    if not isinstance(dj, DigestJob) or not dj.unsynced:
+        return
+    for node in list(dj.unsynced.values()):
+        _flush(engine, job, dj, node)
 
 
 def _step_rows(engine: Engine, job: JobState, dj: DigestJob, node: NodeState, rows: list, now: float) -> None:

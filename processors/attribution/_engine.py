@@ -63,8 +63,12 @@ class Engine:
         job.last_activity = max(job.last_activity, now)
         return job
 
-    def _rank(self, who: Identity, now: float) -> tuple[JobState, RankState]:
+    def _rank(self, who: Identity, now: float, sync: bool = True) -> tuple[JobState, RankState]:
+        """The rank's state (made on first sight), its job's pending node digests applied first unless ``sync`` is
+        False (the digest path itself)."""
         job = self._job(who, now)
+        if sync and job.digest is not None:
+            _digest.sync(self, job)
         rank = job.ranks.get(who.rank)
         if rank is None:
             if len(job.ranks) >= self.settings.max_ranks_per_job:
@@ -220,7 +224,13 @@ class Engine:
                              details=dict(finding.details), category=finding.category, action=finding.action,
                              auto_remediable=auto, failure_id=failure_id, version=version, **extra)
 
+    def sync(self, job: JobState) -> None:
+        """Brings the job's rank states up to date with its node digests (:func:`_digest.sync`)."""
+        if job.digest is not None:
+            _digest.sync(self, job)
+
     def _emit(self, job: JobState, finding: Finding, now: float, *, terminal: bool = False) -> FailureRecord:
+        self.sync(job)
         job.failures += 1
         fid = hashlib.sha256(f"{job.job_id}|{job.restart_count}|{job.failures}".encode()).hexdigest()[:16]
         record = self._record(job, finding, now, fid)
@@ -339,11 +349,13 @@ class Engine:
                 del self.jobs[job.job_id]
                 continue
             if job.open:
+                self.sync(job)
                 out += self._review(job, now)
             if job.terminal is not None or job.finished:
                 continue
             finding = None
             if job.incident_open is not None:
+                self.sync(job)
                 if now < job.incident_deadline:
                     continue
                 finding = _crash.decide_crash(self, job, now)
@@ -367,6 +379,7 @@ class Engine:
             elif job.digest is not None and _digest.quiet(self, job, now):
                 continue  # the node digests show nobody stalled or silent: no walk over every rank (_digest)
             else:
+                self.sync(job)
                 finding = _hang.decide_hang(self, job, now) or _hang.decide_silent(self, job, now)
             if finding is not None:
                 out.append(self._emit(job, finding, now, terminal=True))

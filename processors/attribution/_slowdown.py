@@ -128,6 +128,7 @@ def _learn_rank_baselines(job: JobState, per_rank: dict[int, StepSeen]) -> None:
 
 
 def _attribute(engine: Engine, job: JobState, base: float) -> Finding:
+    engine.sync(job)  # the culprit's identity and the device evidence read the rank states
     episode = job.slow_steps[-(engine.settings.slowdown_confirm + 2):]
     onset_step, first = episode[0]
     by_node = isinstance(first, NodeStep)
