@@ -50,6 +50,14 @@ from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
+try:  # a declared dependency; without it (a platform with no wheel) json alone decodes, slower
+    from msgspec import DecodeError as _FastDecodeError
+    from msgspec.json import Decoder as _FastDecoder
+
+    _fast_loads: Any = _FastDecoder().decode
+except ImportError:  # pragma: no cover - msgspec is installed with otel-gpu
+    _fast_loads = None
+
 __all__ = ["Batch", "Signal", "MalformedBatch", "any_value", "attribute", "attributes", "attributes_dict",
            "body_object", "count_items", "data_points", "event_name", "from_json", "iter_points", "log_records",
            "metrics", "number_points", "point_value", "set_any", "spans", "to_json", "to_python"]
@@ -304,6 +312,22 @@ def event_name(record: Any) -> str:
     return name if isinstance(name, str) else ""
 
 
+def json_loads(text: str | bytes) -> Any:
+    """``json.loads(text)``, three to four times faster: msgspec's decoder for what it accepts (a node digest: 13.8 ->
+    3.6 us), ``json.loads`` for the rest (NaN, Infinity, lone surrogates, numbers out of range, anything malformed),
+    so that the result, or the error, is ``json.loads``'s for every input.
+
+    >>> json_loads('{"a": [1, 2.5, null]}'), json_loads('{"x": NaN}')["x"] != 0, json_loads("12345678901234567890123")
+    ({'a': [1, 2.5, None]}, True, 12345678901234567890123)
+    """
+    if _fast_loads is not None:
+        try:
+            return _fast_loads(text)
+        except (_FastDecodeError, RecursionError):
+            pass
+    return json.loads(text)
+
+
 def body_object(record: Any) -> dict[str, Any] | None:
     """A log record's body as a JSON object: a string body holding a JSON object, or a kvlist body (bytes in base64);
     None for any other body.
@@ -317,7 +341,7 @@ def body_object(record: Any) -> dict[str, Any] | None:
     kind = record.body.WhichOneof("value")
     if kind == "string_value":
         try:
-            out = json.loads(record.body.string_value)
+            out = json_loads(record.body.string_value)
         except (ValueError, RecursionError):  # RecursionError: nested thousands deep
             return None
         return out if isinstance(out, dict) else None

@@ -193,3 +193,37 @@ def test_walkers_yield_every_item_with_its_resource_and_scope():
     assert list(log_records(logs_service_pb2.ExportLogsServiceRequest())) == []
     assert list(metrics(metrics_service_pb2.ExportMetricsServiceRequest())) == []
     assert [Signal(s).fields[2] for s in ("traces", "metrics", "logs")] == ["spans", "metrics", "log_records"]
+
+
+def _loads_or_error(fn, text):
+    try:
+        return "ok", repr(fn(text))
+    except (ValueError, RecursionError) as exc:
+        return "error", type(exc).__name__
+
+
+_JSON_VALUES = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+                            lambda inner: st.lists(inner, max_size=4)
+                            | st.dictionaries(st.text(max_size=6), inner, max_size=4), max_leaves=12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_JSON_VALUES, st.integers(0, 40), st.sampled_from(["", " ", ",", "]", "}", "NaN", "\\ud800", "\x01", "1e999",
+                                                          "\ufeff", "0"]))
+def test_json_loads_gives_what_json_loads_gives_for_every_text(value, cut, dirt):
+    """The fast decoder (msgspec) and its fallback together: the same value as ``json.loads``, or an error where it
+    errs, for valid JSON (NaN, Infinity, huge integers, lone surrogates included) and for JSON cut and dirtied."""
+    from otel_gpu.pdata import json_loads
+
+    text = json.dumps(value)
+    for t in (text, text[:cut] + dirt + text[cut:], text[:cut], dirt + text):
+        assert _loads_or_error(json_loads, t) == _loads_or_error(json.loads, t), t
+    assert _loads_or_error(json_loads, text.encode()) == _loads_or_error(json.loads, text.encode())
+
+
+def test_json_loads_takes_the_edge_cases_json_loads_takes():
+    from otel_gpu.pdata import json_loads
+
+    for text in ('{"x": NaN, "y": -Infinity}', "[1e400]", '"\\ud800"', "123456789012345678901234567890",
+                 '{"a": 1, "a": 2}', "[" * 5000 + "]" * 5000, '{"a": 1}x', "\ufeff{}", ""):
+        assert _loads_or_error(json_loads, text) == _loads_or_error(json.loads, text), text
