@@ -41,6 +41,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import resource
@@ -389,6 +390,20 @@ def run_one(n_ranks: int, seconds: int, hang_at: float | None, node_refresh_s: i
 
         profiler = cProfile.Profile()
         profiler.enable()
+    # Garbage collections while the aggregator runs (not while the generator encodes): CPU s per generation.
+    gc_s = [0.0, 0.0, 0.0]
+    gc_start = [0.0]
+    in_gen = [False]
+
+    def gc_timer(phase: str, info: dict) -> None:
+        if in_gen[0]:
+            return
+        if phase == "start":
+            gc_start[0] = thread_time()
+        else:
+            gc_s[info["generation"]] += thread_time() - gc_start[0]
+
+    gc.callbacks.append(gc_timer)
     cpu0, wall0 = time.process_time(), time.perf_counter()
     work = [(crash_gen, 0)] + [(g, node) for g in gens for node in range(n_nodes)]
     held: list[bytes] = []  # digests waiting to go as one request (--nodes-per-request)
@@ -396,6 +411,7 @@ def run_one(n_ranks: int, seconds: int, hang_at: float | None, node_refresh_s: i
     for s in range(1, seconds + 1):
         for k, (g, node) in enumerate(work):
             g0 = thread_time()
+            in_gen[0] = True
             reqs = []
             if digest:
                 digests, own = _digest_requests(g, node, s, s <= NodeDigests.intervals_for(g.n),
@@ -430,6 +446,7 @@ def run_one(n_ranks: int, seconds: int, hang_at: float | None, node_refresh_s: i
             if s >= first and (s - first) % node_refresh_s == 0 and g is not crash_gen:
                 for raw in g.node_bytes(node):
                     reqs.append((MT, raw))
+            in_gen[0] = False
             gen_cpu += thread_time() - g0
             if k == mid:
                 sim[0] = t0 + s - 0.5
@@ -445,6 +462,7 @@ def run_one(n_ranks: int, seconds: int, hang_at: float | None, node_refresh_s: i
             goodput.report()
     cpu = time.process_time() - cpu0 - gen_cpu
     wall = time.perf_counter() - wall0
+    gc.callbacks.remove(gc_timer)
     top: list[str] = []
     if profiler is not None:
         import io
@@ -479,7 +497,8 @@ def run_one(n_ranks: int, seconds: int, hang_at: float | None, node_refresh_s: i
         "cpu_per_simulated_s_steady": steady,
         "cpu_per_simulated_s_hang": round((per_second[-1] - per_second[steady_end - 1]) / (seconds - steady_end), 3)
         if seconds > steady_end else None,
-        "startup_cpu_s": round(per_second[min(2, seconds) - 1], 2),  # seconds 1-2: every node's devices first seen
+        "startup_cpu_s": round(per_second[min(2, seconds) - 1], 2),
+        "gc_cpu_s_by_generation": [round(x, 2) for x in gc_s],  # in the aggregator's CPU, whole run  # seconds 1-2: every node's devices first seen
         "peak_rss_mb": round(_status_kb("VmHWM") / 1024, 1),
         "ru_maxrss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "rss_idle_mb": round(rss_idle_kb / 1024, 1),
