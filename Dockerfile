@@ -4,8 +4,8 @@
 #   docker build -t ghcr.io/otel-gpu/otel-gpu:0.1.0 .
 #
 # Only what the collector needs: the otel-gpu package and its runtime dependencies (OpenTelemetry, grpcio, protobuf,
-# prometheus-client, nvidia-ml-py, PyYAML). No torch (an optional extra: training images install otel-gpu themselves)
-# and nothing of the test extra. NVML's libnvidia-ml.so.1 comes from the NVIDIA container runtime at run time
+# prometheus-client, nvidia-ml-py, PyYAML, msgspec). No torch (an optional extra: training images install otel-gpu
+# themselves) and nothing of the test extra. NVML's libnvidia-ml.so.1 comes from the NVIDIA container runtime at run time
 # (NVIDIA_VISIBLE_DEVICES / NVIDIA_DRIVER_CAPABILITIES=utility, as the chart sets them), not from this image.
 # Runs as uid/gid 65534 (nobody), with a read-only root filesystem in the chart: the store (/var/lib/otel-gpu) and
 # /tmp are volumes there.
