@@ -222,7 +222,7 @@ def observe_digest(engine: Engine, res: dict[str, Any], body: dict[str, Any], no
     if not isinstance(dj, DigestJob) or dj.restart_count != job.restart_count:
         dj = job.digest = DigestJob(job.restart_count)
     dj.identity = identity
-    if fresh_ids:
+    if fresh_ids and len(dj.identities) < engine.settings.max_ranks_per_job:  # bounded: who maps are input
         dj.identities.update(fresh_ids)
         dj.said.update((n, h) for n, h in heard.items() if n in fresh_ids)
     node = dj.nodes.get(host)
