@@ -374,3 +374,26 @@ def test_a_healthy_digest_reaches_the_ranks_when_they_are_read_as_it_would_have_
         job.attribution.process(Batch.from_message(Signal.LOGS, lb.build()))
     assert not state.digest.unsynced
     assert _rank_view(lazy) == _rank_view(eager) and gate_before == _rank_view(eager)["nodes"]
+
+
+def test_a_kept_digest_of_the_wrong_shape_is_dropped_when_applied_and_the_ranks_keep_what_they_had():
+    """Hostile input: a digest that passes the usual-digest check (fresh groups naming the node's ranks) but whose
+    sequence numbers are not numbers is kept, then skipped when the ranks are read; nothing raises."""
+    job = Job(nodes=1, digests=True, hang_at=10_000)
+    job.run(3)
+    state = job.attribution.engine.jobs[JOB]
+    job.attribution.engine.sync(state)
+    before = _rank_view(job)["ranks"]
+    node = state.digest.nodes["node-0"]
+    lb = LogsBuilder({"training.job.id": JOB, "host.name": "node-0"})
+    lb.event(T.NODE_DIGEST_EVENT, {"v": 2, "host": "node-0", "time": node.sent + 1, "ranks": list(range(PER_NODE)),
+                                   "groups": [{"ranks": list(range(PER_NODE)), "fresh": True, "time": node.sent + 1,
+                                               "step": 9, "state": "step", "inflight": None,
+                                               "last_seq": {"0": "nine"}}]})
+    job.attribution.process(Batch.from_message(Signal.LOGS, lb.build()))
+    assert "node-0" in state.digest.unsynced  # kept: its groups looked like the usual ones
+    job.sim[0] += 1
+    assert job.attribution.tick() == []
+    job.attribution.engine.sync(state)
+    assert not state.digest.unsynced
+    assert {n: v[1:] for n, v in _rank_view(job)["ranks"].items()} == {n: v[1:] for n, v in before.items()}
