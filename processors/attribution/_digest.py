@@ -287,15 +287,10 @@ def _whole_fresh(node_ranks: set[int], groups: list) -> float | None:
 
 
 def _group_stall(g: dict[str, Any]) -> float:
-    """:func:`_own_stall` of the heartbeat :func:`_heartbeat` would build from group ``g``."""
-    stalled = _float(g.get("stalled_s"))
-    own = stalled if stalled is not None else 0.0
+    """:func:`_own_stall` of the heartbeat :func:`_heartbeat` would build from group ``g``, without building it."""
     inflight = g.get("inflight")
-    if isinstance(inflight, dict):
-        since = _float(inflight.get("since"))
-        if since is not None:
-            own = max(own, float(g.get("time") or 0.0) - since)
-    return own
+    since = _float(inflight.get("since")) if isinstance(inflight, dict) else None
+    return _stall(_float(g.get("stalled_s")), float(g.get("time") or 0.0), since)
 
 
 def _rank_state(engine: Engine, job: JobState, dj: DigestJob, node: NodeState, n: int, now: float,
@@ -403,10 +398,15 @@ def _step_rows(engine: Engine, job: JobState, dj: DigestJob, node: NodeState, ro
 
 
 def _own_stall(hb: Heartbeat) -> float:
-    """How long the rank had made no progress when it sent ``hb`` (its watchdog's count, or its operation's age)."""
-    own = hb.stalled_s if hb.stalled_s is not None else 0.0
-    if hb.inflight is not None:
-        own = max(own, hb.time - hb.inflight.since)
+    """How long the rank had made no progress when it sent ``hb``."""
+    return _stall(hb.stalled_s, hb.time, hb.inflight.since if hb.inflight is not None else None)
+
+
+def _stall(stalled_s: float | None, sent: float, inflight_since: float | None) -> float:
+    """A rank's own stall when it reported at ``sent``: its watchdog's count, or its in-flight operation's age."""
+    own = stalled_s if stalled_s is not None else 0.0
+    if inflight_since is not None:
+        own = max(own, sent - inflight_since)
     return own
 
 

@@ -67,8 +67,8 @@ class Engine:
         """The rank's state (made on first sight), its job's pending node digests applied first unless ``sync`` is
         False (the digest path itself)."""
         job = self._job(who, now)
-        if sync and job.digest is not None:
-            _digest.sync(self, job)
+        if sync:
+            self.sync(job)
         rank = job.ranks.get(who.rank)
         if rank is None:
             if len(job.ranks) >= self.settings.max_ranks_per_job:
@@ -355,9 +355,9 @@ class Engine:
                 continue
             finding = None
             if job.incident_open is not None:
-                self.sync(job)
                 if now < job.incident_deadline:
                     continue
+                self.sync(job)
                 finding = _crash.decide_crash(self, job, now)
                 if finding is None:
                     job.finished = True  # stopped on purpose (every rank got SIGTERM/SIGINT): nothing to name
