@@ -23,6 +23,21 @@ class Category(str, enum.Enum):
     USER = "user"
 
 
+#: Categories whose failures say nothing of the culprit's hardware: they follow the code, not the machine.
+NOT_THE_DEVICE = (Category.USER.value, Category.SOFTWARE.value)
+
+
+def counts_against_device(category: object) -> bool:
+    """Whether a failure of this category counts against its culprit's devices (their recurrence, a recurring
+    culprit's drain): hardware, infrastructure and a category not known do; a user's bug or a software cause does
+    not (a rank 0 that raises on every attempt would otherwise drain rank 0's node, then the next one).
+
+    >>> [counts_against_device(c) for c in ("hardware", "infrastructure", None, "user", Category.SOFTWARE)]
+    [True, True, True, False, False]
+    """
+    return getattr(category, "value", category) not in NOT_THE_DEVICE
+
+
 @enumeration
 class Action(str, enum.Enum):
     AUTO_RESTART = "auto_restart"

@@ -25,6 +25,7 @@ from otel_gpu.schema import gpu as G
 from otel_gpu.schema import health as H
 from otel_gpu.schema import identity as I
 from otel_gpu.schema import nic as N
+from otel_gpu.schema.failure import counts_against_device
 
 __all__ = ["DeviceHealthService", "HealthProcessor"]
 
@@ -444,7 +445,9 @@ class HealthProcessor(Processor):
                 boost = max(boost, 0.15 if dev.state is H.DeviceState.DRAIN else 0.1)
         history = self.host.services.get(DEVICE_HISTORY)
         recurring = None
-        if history is not None and ids:
+        # A user's or a software failure is not held against the device (the store does not count it either): no
+        # recurring culprit is named for it, however often the device failed before.
+        if history is not None and ids and counts_against_device(category):
             try:
                 counts = history.culprit_counts(self.config.recurrence_window_s, now=now, device_ids=ids)
             except Exception:  # noqa: BLE001

@@ -32,6 +32,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from otel_gpu.schema.failure import NOT_THE_DEVICE, counts_against_device
+
 __all__ = ["MIGRATION", "DeviceHistory", "culprit_counts", "device_events", "device_states", "failure_device_ids",
            "failure_key", "insert_state", "link_failure", "retention"]
 
@@ -185,12 +187,14 @@ def culprit_counts(conn: sqlite3.Connection, window_s: float | None = None, *, n
                    device_ids: Iterable[str] | None = None,
                    keys: set[tuple[str, str]] | None = None) -> dict[str, dict[str, Any]]:
     """Per device id: ``{"failures": n, "jobs": [job ids, oldest first], "first": t, "last": t, "causes": [...]}``
-    for the failures it was the culprit of (within ``window_s`` before ``now``, when given). ``keys`` (optional)
-    collects the (device id, failure key) pairs counted."""
+    for the failures it was the culprit of that count against a device (:func:`counts_against_device`), within
+    ``window_s`` before ``now`` when given. ``keys`` (optional) collects the (device id, failure key) pairs
+    counted."""
     if not _has_tables(conn):
         return {}
     sql = "SELECT device_id, failure_key, job_id, time, root_cause FROM device_failures"
-    where, args = [], []
+    where = [f"(category IS NULL OR category NOT IN ({','.join('?' * len(NOT_THE_DEVICE))}))"]
+    args: list[Any] = list(NOT_THE_DEVICE)
     if window_s is not None:
         where.append("time >= ?")
         args.append((time.time() if now is None else now) - window_s)
@@ -200,9 +204,7 @@ def culprit_counts(conn: sqlite3.Connection, window_s: float | None = None, *, n
             return {}
         where.append(f"device_id IN ({','.join('?' * len(ids))})")
         args.extend(ids)
-    if where:
-        sql += " WHERE " + " AND ".join(where)
-    sql += " ORDER BY time"
+    sql += " WHERE " + " AND ".join(where) + " ORDER BY time"
     out: dict[str, dict[str, Any]] = {}
     for did, _key, job, t, cause in conn.execute(sql, args):
         info = out.get(did)
@@ -309,10 +311,11 @@ class DeviceHistory:
         return failure_device_ids(record, self.resolve_gpu)
 
     def add_pending(self, record: dict[str, Any]) -> None:
-        if _withdrawn(record):
-            return
         ids = self.ids(record)
-        if ids:
+        if _withdrawn(record) or not counts_against_device(_text(record.get("category"))):
+            with self._pending_lock:  # a revision may have changed what an earlier one said
+                self._pending.pop(failure_key(record), None)
+        elif ids:
             t = _num(record.get("onset_time")) or _num(record.get("detected_time")) or time.time()
             with self._pending_lock:
                 self._pending[failure_key(record)] = (ids, _text(record.get("job_id")), t,
