@@ -57,6 +57,32 @@ def test_hang_names_the_rank_that_never_reached_the_collective_with_its_stack():
     assert "all_reduce seq 41" in rec.summary and "train.py:40" in rec.summary
 
 
+def test_a_rank_that_reached_the_stuck_collective_later_waits_too():
+    """Ranks 1 and 3 enter all_reduce seq 41 at T0+10, rank 2 four seconds later (a slower step), rank 0 never:
+    when the hang is named (rank 0's stack in), all three wait for rank 0, not only the two stuck the longest."""
+    engine = Engine(AttributionConfig(hang_timeout_s=10))
+    engine.observe_stacks(Stacks(who(0), T0 + 15, "train.py:40 main", [
+        {"file": "/work/train.py", "line": 40, "function": "main"}]), T0 + 15)
+
+    def feed(t):
+        for r in range(WORLD):
+            entered = {1: T0 + 10, 3: T0 + 10, 2: T0 + 14}.get(r)
+            if entered is not None and t >= entered:
+                hb = Heartbeat(who(r), t, 7, "collective", Inflight("collective", "all_reduce", "0", 41, entered, 1024),
+                               {"0": 40}, {"0": 41})
+            else:
+                hb = Heartbeat(who(r), t, 7, "step", None, {"0": 40}, {"0": 40})
+            engine.observe_heartbeat(hb, t)
+
+    found = run_until(engine, T0 + 10, T0 + 30, feed)
+    assert len(found) == 1
+    t, rec = found[0]
+    assert t < T0 + 24, "named before rank 2 itself had waited the hang timeout"
+    assert rec.culprit.rank == 0 and rec.root_cause.value == "rank_not_in_collective"
+    assert "3 rank(s) wait for it" in rec.summary, rec.summary
+    assert "stuck_ranks=1,2,3" in rec.evidence
+    assert [w["rank"] for w in rec.details["waiting"]] == [1, 2, 3]
+
 def test_crash_first_cause_wins_and_peer_failures_are_consequences():
     engine = Engine(AttributionConfig(crash_settle_s=1.0))
     for r in range(WORLD):

@@ -220,17 +220,21 @@ def decide_hang(engine: Engine, job: JobState, now: float) -> Finding | None:
     op = max(set(ops), key=ops.count) if ops else None
     first = _coll(onset_rank)
     pg, seq = first.pg, first.seq
-    base_ev = [Evidence("stuck_ranks", ",".join(str(r.rank) for r in sorted(roots, key=lambda x: x.rank))),
+    # Who waits: the stuck ranks and every rank that reports from the same collective as one of them, however
+    # recently it came in (a rank that was a second slower to reach it waits for the same ranks all the same).
+    rooted = {r.rank for r in roots}
+    stuck = sorted(roots + [r for r in live if r.rank not in rooted and waits_at.get(r.rank) in root_keys
+                            and r.last_seen >= silent_cut], key=lambda x: x.rank)
+    base_ev = [Evidence("stuck_ranks", ",".join(str(r.rank) for r in stuck)),
                Evidence("collective", f"{op or '?'} pg={pg} seq={seq}", onset),
                Evidence("hang_timeout_s", round(timeout, 1))]
     waiting = [{"rank": r.rank, "host": r.who.host, "since": round(now - stalled_for(r, now), 3),
-                "op": _coll(r).op, "pg": _coll(r).pg, "seq": _coll(r).seq}
-               for r in sorted(roots, key=lambda x: x.rank)[:64]]
+                "op": _coll(r).op, "pg": _coll(r).pg, "seq": _coll(r).seq} for r in stuck[:64]]
     if reach:
         def behind(n: int) -> int:
             return min((row.get(n, 0) for row in started.values() if n in row), default=-1)
         ends = sorted(reach, key=lambda n: (-reach[n], behind(n), n))
-        return _chain_end(engine, job, ends, roots, onset, timeout, now, op, pg, seq, base_ev, waiting)
+        return _chain_end(engine, job, ends, stuck, onset, timeout, now, op, pg, seq, base_ev, waiting)
     if len(roots) < len(live):
         return None  # some ranks still progress and nobody is waited for: not a job-wide hang (yet)
     if any(r.last_seen < now - s.heartbeat_timeout_s / 2 for r in roots):
