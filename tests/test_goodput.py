@@ -255,3 +255,58 @@ def test_a_restarted_jobs_gap_ends_at_its_earliest_span_whatever_span_arrives_fi
     assert summary["productive_time_s"] == pytest.approx(20.0, abs=0.01)
     assert summary["badput_s"]["other"] == pytest.approx(0.0, abs=0.01)
     assert _overfull_s(summary) < 1e-3
+
+
+def test_node_signals_stamped_with_the_job_after_it_ended_do_not_lengthen_its_wall_time(monkeypatch):
+    """A node sidecar stamps its GPU and NIC metrics and XID events with the job for ``job_idle_s`` (120 s) after
+    the job's last record, and with the configured job id for as long as it runs: they say which job the node
+    serves, not that the job still runs. A 10 s job that crashed read ETTR 0.9% on a real host (wall time up to the
+    sidecar's horizon). A rank's own metrics, heartbeats and its launcher's exit event do keep the job alive."""
+    from otel_gpu.collector.telemetry import PrometheusSelfTelemetry
+    from otel_gpu.component import ComponentHost
+    from otel_gpu.config import build
+    from otel_gpu.otlp_build import LogsBuilder, MetricsBuilder, SpansBuilder
+    from otel_gpu.pdata import Batch, Signal
+    from otel_gpu.processors.goodput import GoodputConfig, GoodputProcessor
+    from otel_gpu.processors.goodput import processor as goodput_module
+    from otel_gpu.schema import gpu as G
+    from otel_gpu.schema import identity as I
+    from otel_gpu.schema import training as T
+
+    clock = [time.time() - 300.0]
+    monkeypatch.setattr(goodput_module, "time", type("Clock", (), {"time": staticmethod(lambda: clock[0])}))
+    proc = GoodputProcessor(build(GoodputConfig, {}, "processors.goodput"),
+                            ComponentHost("goodput", PrometheusSelfTelemetry(), {}))
+    t0 = clock[0]
+    node = {str(I.JOB_ID): "job-done", str(I.HOST_NAME): "node-7"}
+    for rank in range(2):
+        spans = SpansBuilder({**node, str(I.RANK): rank})
+        for step in range(40):  # 10 s of 0.25 s steps
+            start = t0 + step * 0.25
+            spans.span(T.STEP_SPAN.name, int(start * 1e9), int((start + 0.25) * 1e9), {str(T.STEP): step})
+        clock[0] = t0 + 10.0
+        proc.process(Batch.from_message(Signal.TRACES, spans.build()))
+    # The launcher says rank 1 ended at 10.5 s (its resource names the job, not a rank).
+    clock[0] = t0 + 10.5
+    exits = LogsBuilder({**node, str(I.RANK): 1})
+    exits.event(T.EXIT_EVENT, {"exit_code": 1}, time_ns=int(clock[0] * 1e9))
+    proc.process(Batch.from_message(Signal.LOGS, exits.build()))
+    # Then two minutes of the node's GPU metrics and an XID on one of its GPUs, stamped with the job.
+    for second in range(11, 131):
+        clock[0] = t0 + second
+        metrics = MetricsBuilder(node, time_ns=int(clock[0] * 1e9))
+        metrics.gauge("hw.gpu.utilization", 0.0, {str(I.GPU_INDEX): 0})
+        proc.process(Batch.from_message(Signal.METRICS, metrics.build()))
+        if second == 60:
+            xid = LogsBuilder(node)
+            xid.event(G.XID_EVENT, {"xid": 13}, time_ns=int(clock[0] * 1e9))
+            proc.process(Batch.from_message(Signal.LOGS, xid.build()))
+    (summary,) = proc.summaries()
+    assert summary["wall_time_s"] == pytest.approx(10.5), summary
+    assert summary["ettr"] == pytest.approx(10.0 / 10.5, abs=1e-3), summary
+    # A rank's own metrics are the job's activity: they do count.
+    rank_metrics = MetricsBuilder({**node, str(I.RANK): 0}, time_ns=int(clock[0] * 1e9))
+    rank_metrics.gauge("otel_gpu.training.step.duration", 0.25)
+    proc.process(Batch.from_message(Signal.METRICS, rank_metrics.build()))
+    (summary,) = proc.summaries()
+    assert summary["wall_time_s"] == pytest.approx(130.0), summary

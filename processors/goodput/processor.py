@@ -21,6 +21,8 @@ from otel_gpu.pdata import Batch, Signal, attribute, attributes_dict, body_objec
 from otel_gpu.processors.goodput._ledger import JobLedger
 from otel_gpu.schema import collector as C
 from otel_gpu.schema import failure as F
+from otel_gpu.schema import gpu as G
+from otel_gpu.schema import health as H
 from otel_gpu.schema import identity as I
 from otel_gpu.schema import training as T
 
@@ -29,22 +31,28 @@ __all__ = ["GoodputProcessor"]
 _logger = logging.getLogger(__name__)
 _CKPT = {T.CKPT_SAVE_SPAN.name: "save", T.CKPT_LOAD_SPAN.name: "load"}
 _SCOPE = "otel_gpu.processors.goodput"
-_JOB, _RESTARTS = I.JOB_ID, I.RESTART_COUNT
+_JOB, _RESTARTS, _RANK = I.JOB_ID, I.RESTART_COUNT, I.RANK
 _DIGEST = T.NODE_DIGEST_EVENT.name
+#: Events of a node's hardware and of our own processors: a sidecar stamps them with the job its node serves (for
+#: ``job_idle_s`` after the job's last record, or for as long as it runs with a configured job id), so they say
+#: which job the node serves, not that the job still runs, and they do not lengthen its wall time.
+_NOT_ACTIVITY = frozenset({G.XID_EVENT.name, H.STATE_CHANGE_EVENT.name, F.GOODPUT_EVENT.name})
 
 
 _JOBS_OF: dict[bytes, tuple[str | None, int]] = {}  # a resource's encoding -> its job (senders repeat a few)
 
 
-def _job_of(resource) -> tuple[str | None, int]:
-    """The resource's job id (a non-empty string, else None) and restart count (an int, else 0)."""
+def _job_of(resource) -> tuple[str | None, int, bool]:
+    """The resource's job id (a non-empty string, else None), restart count (an int, else 0), and whether it is a
+    training process's (it names a rank) rather than a node's."""
     key = resource.SerializeToString()
     found = _JOBS_OF.get(key)
     if found is not None:
         return found
     attrs = attributes_dict(resource.attributes)
     job, restarts = attrs.get(_JOB), attrs.get(_RESTARTS)
-    found = (job if isinstance(job, str) and job else None, restarts if type(restarts) is int else 0)
+    found = (job if isinstance(job, str) and job else None, restarts if type(restarts) is int else 0,
+             attrs.get(_RANK) is not None)
     if len(key) <= 4096:
         if len(_JOBS_OF) >= 65536:
             _JOBS_OF.clear()
@@ -135,8 +143,8 @@ class GoodputProcessor(Processor):
                 self._logs(msg, batch)
             else:
                 for rm in msg.resource_metrics:
-                    job, restarts = _job_of(rm.resource)
-                    if job is not None:
+                    job, restarts, of_rank = _job_of(rm.resource)
+                    if job is not None and of_rank:  # a node's GPU/NIC metrics stamped with the job: not its activity
                         self._ledger(job, time.time(), restarts)
         return batch
 
@@ -145,7 +153,7 @@ class GoodputProcessor(Processor):
         lo, hi = self._window(time.time())
         refused = 0
         for rs in msg.resource_spans:
-            job, restarts = _job_of(rs.resource)
+            job, restarts, _ = _job_of(rs.resource)
             if job is None:
                 continue
             ledger = None
@@ -181,7 +189,7 @@ class GoodputProcessor(Processor):
         lo, hi = self._window(now)
         refused = replaced = 0
         for i, rl in enumerate(msg.resource_logs):
-            job, restarts = _job_of(rl.resource)
+            job, restarts, _ = _job_of(rl.resource)
             for j, sl in enumerate(rl.scope_logs):
                 for k, record in enumerate(sl.log_records):
                     t = (record.time_unix_nano or record.observed_time_unix_nano) / 1e9 or now
@@ -209,7 +217,7 @@ class GoodputProcessor(Processor):
                                            withdrawn=body.get("withdrawn") is True)
                     elif job is not None and record.event_name == _DIGEST:
                         self._digest(job, restarts, batch.body((i, j, k), record), t)
-                    elif job is not None and record.event_name:
+                    elif job is not None and record.event_name and record.event_name not in _NOT_ACTIVITY:
                         self._ledger(job, t, restarts)
         if refused:
             self._out_of_window(refused, "event times")
