@@ -219,6 +219,23 @@ def _attribution(services, store) -> AttributionProcessor:
     return AttributionProcessor(AttributionConfig(), host)
 
 
+@pytest.fixture
+def history(tmp_path):
+    """A store, a health processor on a clock the test moves (``now[0]``) and an attribution processor that publishes
+    into both, sharing their services."""
+    from types import SimpleNamespace
+
+    services = Services()
+    store = _store(tmp_path, services)
+    try:
+        now = [time.time()]
+        proc, _ = _health(lambda: now[0], services=services, store=store)
+        yield SimpleNamespace(services=services, store=store, now=now, proc=proc,
+                              attribution=_attribution(services, store))
+    finally:
+        store.shutdown(5)
+
+
 def _failure(job: str, onset: float, uuid: str, host: str = HOST, cause=F.RootCause.GPU_XID) -> FailureRecord:
     return FailureRecord(kind=F.Kind.CRASH, root_cause=cause, job_id=job, onset_time=onset, detected_time=onset + 2,
                          confidence=0.8, culprit=Culprit(rank=0, host=host, gpu=uuid), details={"xid": 79},
@@ -515,90 +532,77 @@ def test_a_withdrawn_verdict_no_longer_counts_against_its_devices(tmp_path):
         store.shutdown(5)
 
 
-def test_a_node_failing_for_the_third_time_with_different_gpus_is_the_recurring_culprit(tmp_path):
-    services = Services()
-    store = _store(tmp_path, services)
-    try:
-        now = [time.time()]
-        proc, _ = _health(lambda: now[0], services=services, store=store)
-        attribution = _attribution(services, store)
-        records = []
-        for n, (job, gpu) in enumerate((("a", "GPU-a"), ("b", "GPU-b"), ("c", None))):
-            now[0] += 600
-            record = _failure(f"job-{job}", now[0], gpu, host="node-z", cause=F.RootCause.NIC_LINK_DOWN)
-            attribution._publish(record)
-            records.append(record)
-            assert store.force_flush(5)
-        assert [("recurring_culprit" in r.details) for r in records] == [False, False, True]
-        rec = records[-1].details["recurring_culprit"]
-        assert rec["device_id"] == "node:node-z" and rec["failures"] == 3
-        assert rec["jobs"] == ["job-a", "job-b", "job-c"]
-        assert records[-1].confidence == pytest.approx(0.9)  # infrastructure cause, recurring: +0.1
-        now[0] += 61
-        proc.engine.device(H.DeviceKind.NODE, "node-z", now[0])
-        proc.evaluate()
-        assert _states(proc)["node:node-z"] == "drain"
-    finally:
-        store.shutdown(5)
+def test_a_node_failing_for_the_third_time_with_different_gpus_is_the_recurring_culprit(history):
+    store, now, proc, attribution = history.store, history.now, history.proc, history.attribution
+    records = []
+    for n, (job, gpu) in enumerate((("a", "GPU-a"), ("b", "GPU-b"), ("c", None))):
+        now[0] += 600
+        record = _failure(f"job-{job}", now[0], gpu, host="node-z", cause=F.RootCause.NIC_LINK_DOWN)
+        attribution._publish(record)
+        records.append(record)
+        assert store.force_flush(5)
+    assert [("recurring_culprit" in r.details) for r in records] == [False, False, True]
+    rec = records[-1].details["recurring_culprit"]
+    assert rec["device_id"] == "node:node-z" and rec["failures"] == 3
+    assert rec["jobs"] == ["job-a", "job-b", "job-c"]
+    assert records[-1].confidence == pytest.approx(0.9)  # infrastructure cause, recurring: +0.1
+    now[0] += 61
+    proc.engine.device(H.DeviceKind.NODE, "node-z", now[0])
+    proc.evaluate()
+    assert _states(proc)["node:node-z"] == "drain"
 
 
-def test_a_users_bug_failing_on_the_same_node_every_attempt_never_drains_it(tmp_path):
+def test_a_users_bug_failing_on_the_same_node_every_attempt_never_drains_it(history):
     """A rank-0-only bug (rank 0 logs and checkpoints) raises on the same node in job after job, and the job also
     hangs there in user code: the node is not a recurring culprit for it, never watched or drained, and does not
     follow the job to the next node. Hardware and infrastructure failures on that node still count, interleaved
     with the user's ones, and a failure revised from infrastructure to user before it is stored stops counting."""
-    services = Services()
-    store = _store(tmp_path, services)
-    try:
-        now = [time.time()]
-        proc, _ = _health(lambda: now[0], services=services, store=store)
-        attribution = _attribution(services, store)
-        proc.engine.device(H.DeviceKind.NODE, "node-0", now[0])
-        user = [(F.RootCause.PYTHON_EXCEPTION, F.Kind.CRASH), (F.RootCause.RANK_NOT_IN_COLLECTIVE, F.Kind.HANG),
-                (F.RootCause.COLLECTIVE_MISMATCH, F.Kind.HANG), (F.RootCause.STRAGGLER_COMPUTE, F.Kind.SLOWDOWN),
-                (F.RootCause.PYTHON_EXCEPTION, F.Kind.CRASH)]
-        records = []
-        for n, (cause, kind) in enumerate(user):
-            now[0] += 600
-            category = F.Category.USER if cause is not F.RootCause.STRAGGLER_COMPUTE else F.Category.SOFTWARE
-            record = FailureRecord(kind=kind, root_cause=cause, job_id=f"job-{n}", onset_time=now[0],
-                                   detected_time=now[0] + 1, confidence=0.9, category=category,
-                                   culprit=Culprit(rank=0, host="node-0"), summary="rank 0 raised ValueError")
-            attribution._publish(record)
-            records.append(record)
-            assert store.force_flush(5)
-        assert not any("recurring_culprit" in r.details for r in records), [r.summary for r in records]
-        assert not any("recurring culprit" in r.summary for r in records)
-        assert services[DEVICE_HISTORY].culprit_counts(device_ids=["node:node-0"]) == {}
-        now[0] += 61
-        proc.evaluate()
-        assert _states(proc)["node:node-0"] == "healthy"
-        # Two infrastructure failures, a user failure between them, a third one revised to user before the store
-        # commits it: two count, the node is watched, not drained.
-        for n, cause in enumerate((F.RootCause.NODE_LOST, F.RootCause.PYTHON_EXCEPTION, F.RootCause.NODE_LOST)):
-            now[0] += 600
-            record = _failure(f"job-i{n}", now[0], None, host="node-0", cause=cause)
-            attribution._publish(record)
-            assert "recurring_culprit" not in record.details
-            assert store.force_flush(5)
-        history = services[DEVICE_HISTORY]
-        revised = _failure("job-r", now[0] + 5, None, host="node-0", cause=F.RootCause.RANK_PROCESS_DIED).to_dict()
-        history.add_pending(revised)
-        assert history.culprit_counts(device_ids=["node:node-0"])["node:node-0"]["failures"] == 3
-        history.add_pending({**revised, "category": "user", "version": 2})
-        assert history.culprit_counts(device_ids=["node:node-0"])["node:node-0"]["failures"] == 2
-        now[0] += 61
-        proc.evaluate()
-        assert _states(proc)["node:node-0"] == "watch"
-        # The third infrastructure failure makes it the recurring culprit: drained.
+    services, store, now, proc, attribution = (history.services, history.store, history.now, history.proc,
+                                               history.attribution)
+    proc.engine.device(H.DeviceKind.NODE, "node-0", now[0])
+    user = [(F.RootCause.PYTHON_EXCEPTION, F.Kind.CRASH), (F.RootCause.RANK_NOT_IN_COLLECTIVE, F.Kind.HANG),
+            (F.RootCause.COLLECTIVE_MISMATCH, F.Kind.HANG), (F.RootCause.STRAGGLER_COMPUTE, F.Kind.SLOWDOWN),
+            (F.RootCause.PYTHON_EXCEPTION, F.Kind.CRASH)]
+    records = []
+    for n, (cause, kind) in enumerate(user):
         now[0] += 600
-        third = _failure("job-i3", now[0], None, host="node-0", cause=F.RootCause.NODE_LOST)
-        attribution._publish(third)
+        category = F.Category.USER if cause is not F.RootCause.STRAGGLER_COMPUTE else F.Category.SOFTWARE
+        record = FailureRecord(kind=kind, root_cause=cause, job_id=f"job-{n}", onset_time=now[0],
+                               detected_time=now[0] + 1, confidence=0.9, category=category,
+                               culprit=Culprit(rank=0, host="node-0"), summary="rank 0 raised ValueError")
+        attribution._publish(record)
+        records.append(record)
         assert store.force_flush(5)
-        assert third.details["recurring_culprit"]["failures"] == 3
-        assert third.details["recurring_culprit"]["jobs"] == ["job-i0", "job-i2", "job-i3"]
-        now[0] += 61
-        proc.evaluate()
-        assert _states(proc)["node:node-0"] == "drain"
-    finally:
-        store.shutdown(5)
+    assert not any("recurring_culprit" in r.details for r in records), [r.summary for r in records]
+    assert not any("recurring culprit" in r.summary for r in records)
+    assert services[DEVICE_HISTORY].culprit_counts(device_ids=["node:node-0"]) == {}
+    now[0] += 61
+    proc.evaluate()
+    assert _states(proc)["node:node-0"] == "healthy"
+    # Two infrastructure failures, a user failure between them, a third one revised to user before the store
+    # commits it: two count, the node is watched, not drained.
+    for n, cause in enumerate((F.RootCause.NODE_LOST, F.RootCause.PYTHON_EXCEPTION, F.RootCause.NODE_LOST)):
+        now[0] += 600
+        record = _failure(f"job-i{n}", now[0], None, host="node-0", cause=cause)
+        attribution._publish(record)
+        assert "recurring_culprit" not in record.details
+        assert store.force_flush(5)
+    history = services[DEVICE_HISTORY]
+    revised = _failure("job-r", now[0] + 5, None, host="node-0", cause=F.RootCause.RANK_PROCESS_DIED).to_dict()
+    history.add_pending(revised)
+    assert history.culprit_counts(device_ids=["node:node-0"])["node:node-0"]["failures"] == 3
+    history.add_pending({**revised, "category": "user", "version": 2})
+    assert history.culprit_counts(device_ids=["node:node-0"])["node:node-0"]["failures"] == 2
+    now[0] += 61
+    proc.evaluate()
+    assert _states(proc)["node:node-0"] == "watch"
+    # The third infrastructure failure makes it the recurring culprit: drained.
+    now[0] += 600
+    third = _failure("job-i3", now[0], None, host="node-0", cause=F.RootCause.NODE_LOST)
+    attribution._publish(third)
+    assert store.force_flush(5)
+    assert third.details["recurring_culprit"]["failures"] == 3
+    assert third.details["recurring_culprit"]["jobs"] == ["job-i0", "job-i2", "job-i3"]
+    now[0] += 61
+    proc.evaluate()
+    assert _states(proc)["node:node-0"] == "drain"
