@@ -397,3 +397,78 @@ def test_a_kept_digest_of_the_wrong_shape_is_dropped_when_applied_and_the_ranks_
     job.attribution.engine.sync(state)
     assert not state.digest.unsynced
     assert {n: v[1:] for n, v in _rank_view(job)["ranks"].items()} == {n: v[1:] for n, v in before.items()}
+
+
+def _restarted_job_goodput(digests: bool) -> dict:
+    """One node of PER_NODE ranks through a real compact processor into a real goodput processor: steps 1-10 of
+    incarnation 0 (1 s each), a SIGKILL, 5 s of restart gap, then incarnation 1 (new processes, restart count 1)
+    resumes from the checkpoint of step 5 and runs steps 6-15."""
+    import time
+
+    from otel_gpu.processors.goodput import GoodputConfig, GoodputProcessor
+
+    goodput = GoodputProcessor(build(GoodputConfig, {}, "processors.goodput"),
+                               ComponentHost("goodput", PrometheusSelfTelemetry(), {}))
+    into = _Into(goodput)
+    sim = [time.time() - 600.0]  # inside the goodput window around receipt
+    start = sim[0]
+    sidecar = CompactProcessor(build(CompactConfig, {"digests": digests, "batch_interval": "1s" if digests else "0s"},
+                                     "processors.compact"),
+                               ComponentHost("compact", PrometheusSelfTelemetry(), {s: into for s in Signal}))
+    sidecar._wall = lambda: sim[0]
+
+    def send(signal, request):
+        out = sidecar.process(Batch.from_message(signal, request))
+        if out is not None:
+            into.consume(out)
+
+    def resource(rank: int, restarts: int) -> dict:
+        return {"training.job.id": JOB, "training.rank": rank, "training.world_size": PER_NODE,
+                "training.local_rank": rank, "host.name": "node-0", "process.pid": 1000 + 10 * restarts + rank,
+                "training.restart_count": restarts, "service.name": "train"}
+
+    def second(s: float, step: int | None, restarts: int) -> None:
+        sim[0] = start + s
+        for rank in range(PER_NODE):
+            if step is not None:
+                sb = SpansBuilder(resource(rank, restarts))
+                sb.span(T.STEP_SPAN, int((sim[0] - 0.9) * 1e9), int(sim[0] * 1e9),
+                        {str(T.STEP): step, str(T.STEP_COLLECTIVE_S): 0.2, str(T.STEP_DATA_S): 0.01})
+                send(Signal.TRACES, sb.build())
+            lb = LogsBuilder(resource(rank, restarts))
+            lb.event(T.PROGRESS_EVENT, {"step": step or 0, "state": "step", "inflight": None,
+                                        "last_seq": {"0": 4 * (step or 0)}, "last_started_seq": {"0": 4 * (step or 0)},
+                                        "stalled_s": 0.1, "counters": {"steps": step or 0}},
+                     time_ns=int(sim[0] * 1e9))
+            send(Signal.LOGS, lb.build())
+        sidecar.flush()
+
+    for s in range(1, 11):
+        second(s, s, 0)
+    sim[0] = start + 10.5
+    exits = LogsBuilder({"training.job.id": JOB, "host.name": "node-0", "service.name": "otel-gpu-run",
+                         "training.restart_count": 0})
+    for rank in range(PER_NODE):
+        exits.event(T.EXIT_EVENT, {"exit_code": -9, "signal": "SIGKILL"}, {"training.rank": rank},
+                    time_ns=int(sim[0] * 1e9))
+    send(Signal.LOGS, exits.build())
+    sidecar.flush()
+    for s in range(16, 26):  # the new processes' first reports at 16 s, their steps 6-15
+        second(s, s - 10, 1)
+    sidecar.flush()
+    (summary,) = goodput.summaries()
+    return summary
+
+
+def test_a_restarted_jobs_steps_count_in_its_new_incarnation_with_digests_as_with_every_rank_records():
+    """A digest names the incarnation its ranks are in (training.restart_count on its resource): without it the
+    aggregator counted a restarted job's step rows in incarnation 0, found those step numbers already counted and
+    dropped them (a real restarted job through a digest sidecar read 0.0 s productive in every restart)."""
+    digest, per_rank = _restarted_job_goodput(True), _restarted_job_goodput(False)
+    by_rc = {inc["restart_count"]: inc for inc in digest["incarnations"]}
+    assert sorted(by_rc) == [0, 1], digest["incarnations"]
+    assert by_rc[1]["productive_time_s"] > 8.0, digest["incarnations"]  # steps 6-15, redone ones included
+    for d, p in zip(digest["incarnations"], per_rank["incarnations"]):
+        assert d["restart_count"] == p["restart_count"]
+        assert d["productive_time_s"] == pytest.approx(p["productive_time_s"], abs=0.5), (d, p)
+    assert digest["productive_time_s"] == pytest.approx(per_rank["productive_time_s"], abs=1.0)

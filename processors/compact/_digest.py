@@ -90,7 +90,7 @@ class _Rank:
 
 class _Job:
     __slots__ = ("ranks", "gone", "last_refresh", "open_steps", "closed", "durations", "rows_done", "step_s",
-                 "world", "last_sent")
+                 "world", "last_sent", "restart_count")
 
     def __init__(self) -> None:
         self.ranks: dict[int, _Rank] = {}
@@ -104,6 +104,8 @@ class _Job:
         self.step_s: list[float] = []  # step durations seen since the last digest
         self.world: int | None = None  # the job's world size, as its ranks say
         self.last_sent: float | None = None  # when its last digest went
+        #: the latest incarnation its ranks on this node said they are (training.restart_count), None: not said
+        self.restart_count: int | None = None
 
 
 def _int(v: Any) -> int | None:
@@ -164,6 +166,14 @@ class NodeDigests:
         world = _int(who.get(I.WORLD_SIZE))
         if world is not None and world != job.world:
             job.world = world
+        restarts = _int(who.get(I.RESTART_COUNT))
+        if restarts is not None and (job.restart_count is None or restarts > job.restart_count):
+            if job.restart_count is not None:
+                # A new incarnation on this node (its ranks came back after their exits were seen, or still look
+                # like the old ones): it redoes steps from its checkpoint, and they count anew.
+                job.open_steps.clear()
+                job.closed = -1
+            job.restart_count = restarts
         r = job.ranks.get(rank_no)
         if r is None:
             if len(job.ranks) >= _MAX_RANKS:
@@ -174,11 +184,9 @@ class NodeDigests:
         elif r.who != who:
             if _int(who.get(I.RESTART_COUNT)) != _int(r.who.get(I.RESTART_COUNT)) \
                     or who.get(I.PROCESS_PID) != r.who.get(I.PROCESS_PID):
-                # a new process of this rank: what the old one said is history (a restart's steps count anew)
+                # a new process of this rank: what the old one said is history (a new incarnation's steps are
+                # reset for the whole job above)
                 r.hb, r.hb_key, r.last_step = None, "", None
-                if _int(who.get(I.RESTART_COUNT)) != _int(r.who.get(I.RESTART_COUNT)):
-                    job.open_steps.clear()
-                    job.closed = -1
             r.who, r.who_sent = who, -1e18
         return job, r
 
@@ -319,6 +327,13 @@ class NodeDigests:
         if not world_size or world_size <= RANKS_PER_INTERVAL:
             return 1
         return -(-world_size // RANKS_PER_INTERVAL)
+
+    def restart_count(self, job_id: str) -> int | None:
+        """The incarnation a job's digests speak for (its resource's ``training.restart_count``): the latest its
+        ranks on this node said. A restarted job's step rows are its new incarnation's (the old one's open steps
+        were dropped when its ranks came back), and its aggregator's goodput counts them there."""
+        job = self.jobs.get(job_id)
+        return None if job is None else job.restart_count
 
     def bodies(self, now: float) -> list[tuple[str, dict[str, Any]]]:
         """(job id, digest body) per job with ranks on this node whose digest is due; resets what is per

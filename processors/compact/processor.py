@@ -121,13 +121,15 @@ class CompactProcessor(Processor):
             return None
         now = self._wall()
         with self._lock:
-            bodies = self.digests.bodies(now)
+            bodies = [(job, body, self.digests.restart_count(job)) for job, body in self.digests.bodies(now)]
         if not bodies:
             return None
         out = None
-        for job, body in bodies:
-            lb = LogsBuilder({_JOB: job, I.HOST_NAME: body["host"], I.SERVICE_NAME: "otel-gpu-sidecar"},
-                             scope=_DIGEST_SCOPE)
+        for job, body, restarts in bodies:
+            resource = {_JOB: job, I.HOST_NAME: body["host"], I.SERVICE_NAME: "otel-gpu-sidecar"}
+            if restarts is not None:
+                resource[I.RESTART_COUNT] = restarts
+            lb = LogsBuilder(resource, scope=_DIGEST_SCOPE)
             lb.event(T.NODE_DIGEST_EVENT, body, time_ns=int(now * 1e9))
             if out is None:
                 out = lb.build()
